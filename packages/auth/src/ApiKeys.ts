@@ -1,0 +1,111 @@
+/**
+ * Bearer authentication: format and checksum first (no lookup for a malformed
+ * key), then a cached lookup by SHA-256 hash, then key and account states.
+ */
+import { AccountRestricted, AccountSuspended, InvalidApiKey } from "@swarmgate/protocol"
+import { Clock, Context, Effect, Layer, Option } from "effect"
+import { keyState, type Principal } from "./Domain"
+import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
+import { Repository, type RepositoryUnavailable } from "./Repository"
+
+export interface ApiKeysOptions {
+  /** How long a looked-up key (or a miss) is trusted; changes through `invalidate…` apply at once. */
+  readonly cacheTtlMillis: number
+  readonly maxCacheEntries: number
+}
+
+export const defaultOptions: ApiKeysOptions = { cacheTtlMillis: 1_000, maxCacheEntries: 100_000 }
+
+export type AuthError = InvalidApiKey | AccountSuspended | AccountRestricted
+
+export interface ApiKeysShape {
+  readonly authenticate: (
+    authorization: string | undefined,
+  ) => Effect.Effect<Principal, AuthError | RepositoryUnavailable>
+  /** Forget a key (by id) or every key of an account, after a change to them. */
+  readonly invalidateKey: (keyId: string) => Effect.Effect<void>
+  readonly invalidateAccount: (accountId: string) => Effect.Effect<void>
+  readonly invalidateAll: Effect.Effect<void>
+}
+
+export class ApiKeys extends Context.Tag("@swarmgate/auth/ApiKeys")<ApiKeys, ApiKeysShape>() {}
+
+const invalidKey = (why: string) =>
+  new InvalidApiKey({
+    message: `Invalid API key: ${why}. Send 'Authorization: Bearer <key>' with an active key.`,
+  })
+
+const missing = invalidKey("no bearer key was sent")
+const malformed = invalidKey("the key is malformed")
+const unknown = invalidKey("the key is not recognised")
+
+interface CacheEntry {
+  readonly principal: Principal | undefined
+  readonly expiresAt: number
+}
+
+export const make = (options: ApiKeysOptions = defaultOptions) =>
+  Effect.gen(function* () {
+    const repository = yield* Repository
+    // Map keeps insertion order, so the first entry is the oldest: a cheap bounded cache.
+    const cache = new Map<string, CacheEntry>()
+
+    const remember = (hash: string, principal: Principal | undefined, now: number) => {
+      if (cache.size >= options.maxCacheEntries) {
+        const oldest = cache.keys().next()
+        if (!oldest.done) cache.delete(oldest.value)
+      }
+      cache.set(hash, { principal, expiresAt: now + options.cacheTtlMillis })
+    }
+
+    const lookup = (hash: string, now: number) => {
+      const hit = cache.get(hash)
+      if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit.principal)
+      return Effect.map(repository.findByHash(hash), (found) => {
+        const principal = Option.getOrUndefined(found)
+        remember(hash, principal, now)
+        return principal
+      })
+    }
+
+    const check = (principal: Principal | undefined, now: number): Effect.Effect<Principal, AuthError> => {
+      if (principal === undefined) return Effect.fail(unknown)
+      const state = keyState(principal.key, now)
+      if (state !== "active") return Effect.fail(invalidKey(`the key is ${state}`))
+      switch (principal.account.status) {
+        case "active":
+          return Effect.succeed(principal)
+        case "suspended":
+          return Effect.fail(new AccountSuspended({ message: "This account is suspended." }))
+        case "restricted":
+          return Effect.fail(
+            new AccountRestricted({
+              message: "This account is restricted: its email is not verified or it is being closed.",
+            }),
+          )
+      }
+    }
+
+    const dropWhere = (match: (p: Principal) => boolean) =>
+      Effect.sync(() => {
+        for (const [hash, entry] of cache)
+          if (entry.principal !== undefined && match(entry.principal)) cache.delete(hash)
+      })
+
+    const service: ApiKeysShape = {
+      authenticate: (authorization) => {
+        const key = parseBearer(authorization)
+        if (key === undefined) return Effect.fail(missing)
+        if (!isWellFormed(key)) return Effect.fail(malformed)
+        return Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Effect.flatMap(lookup(hashKey(key), now), (principal) => check(principal, now)),
+        )
+      },
+      invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId),
+      invalidateAccount: (accountId) => dropWhere((p) => p.account.id === accountId),
+      invalidateAll: Effect.sync(() => cache.clear()),
+    }
+    return service
+  })
+
+export const layer = (options: ApiKeysOptions = defaultOptions) => Layer.effect(ApiKeys, make(options))

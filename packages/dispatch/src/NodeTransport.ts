@@ -1,0 +1,56 @@
+/**
+ * What the dispatcher needs from a node, whatever carries it: the embedded
+ * simulator today, OpenAI-compatible HTTP servers next.
+ */
+import { Data, type Stream } from "effect"
+
+export interface Sampling {
+  readonly temperature?: number | undefined
+  readonly topP?: number | undefined
+  readonly seed?: number | undefined
+  readonly stop?: ReadonlyArray<string> | undefined
+  readonly presencePenalty?: number | undefined
+  readonly frequencyPenalty?: number | undefined
+  readonly user?: string | undefined
+}
+
+export interface NodeImage {
+  readonly url: string
+  readonly mediaType: string
+  readonly bytes: number
+}
+
+export interface NodeMessage {
+  readonly role: "system" | "user" | "assistant"
+  /** Text parts joined; images travel separately. */
+  readonly content: string
+  readonly images: ReadonlyArray<NodeImage>
+}
+
+export interface NodeRequest {
+  readonly requestId: string
+  /** The node's own model name for the preset. */
+  readonly model: string
+  readonly messages: ReadonlyArray<NodeMessage>
+  readonly maxTokens: number
+  readonly jsonMode: boolean
+  readonly sampling: Sampling
+}
+
+export type NodeEvent =
+  | { readonly _tag: "Delta"; readonly text: string }
+  | { readonly _tag: "Finish"; readonly reason: "stop" | "length" }
+
+export class NodeFailure extends Data.TaggedError("NodeFailure")<{
+  readonly nodeId: string
+  readonly reason: string
+}> {}
+
+export interface SwarmNode {
+  readonly id: string
+  readonly capacity: number
+  /** Preset id → the node's model name for it. */
+  readonly models: ReadonlyMap<string, string>
+  readonly vision: boolean
+  readonly generate: (request: NodeRequest) => Stream.Stream<NodeEvent, NodeFailure>
+}

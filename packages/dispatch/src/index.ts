@@ -1,0 +1,5 @@
+export * as Dispatcher from "./Dispatcher"
+export * from "./NodeTransport"
+export type { Preset } from "./Presets"
+export * as Presets from "./Presets"
+export * as SimTransport from "./SimTransport"

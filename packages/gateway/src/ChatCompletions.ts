@@ -1,0 +1,229 @@
+/**
+ * Runs a normalised request on the swarm and writes the answer: one JSON body
+ * or an SSE stream. The gateway counts every token itself and enforces the cap.
+ * Failures before the first token are ordinary HTTP errors; after the stream
+ * started they become its last event (spec §6).
+ */
+import type { ServerResponse } from "node:http"
+import { Dispatcher, type NodeEvent, type NodeFailure } from "@swarmgate/dispatch"
+import {
+  type CapacityExhausted,
+  type FinishReason,
+  REQUEST_ID_HEADER,
+  streamErrorEvent,
+  UpstreamError,
+  UpstreamTimeout,
+} from "@swarmgate/protocol"
+import { SseEncoder } from "@swarmgate/sse"
+import { Clock, Effect, Stream } from "effect"
+import { GatewayConfig } from "./GatewayConfig"
+import type { NormalizedRequest } from "./RequestPolicy"
+import * as Tokens from "./Tokens"
+
+/** What ran, for usage records and billing: set as the request goes. */
+export interface Outcome {
+  /** True once a node produced its first event: from here on the request counts as run (spec §7.3). */
+  started: boolean
+  nodeId: string | undefined
+  completionTokens: number
+  finishReason: FinishReason | undefined
+  /** `completed`, or why it ended early: `upstream_error`, `upstream_timeout`, `client_disconnected`. */
+  status: "pending" | "completed" | "upstream_error" | "upstream_timeout"
+  headersSent: boolean
+}
+
+export const newOutcome = (): Outcome => ({
+  started: false,
+  nodeId: undefined,
+  completionTokens: 0,
+  finishReason: undefined,
+  status: "pending",
+  headersSent: false,
+})
+
+/** Text gated by the token cap: the part of each delta that may still be sent. */
+class CappedText {
+  text = ""
+  tokens = 0
+  capped = false
+  constructor(readonly cap: number) {}
+  add(delta: string): string {
+    if (this.capped || delta.length === 0) return ""
+    const n = Tokens.count(delta)
+    if (this.tokens + n <= this.cap) {
+      this.text += delta
+      this.tokens += n
+      return delta
+    }
+    const allowed = Tokens.truncate(delta, this.cap - this.tokens)
+    this.capped = true
+    this.text += allowed
+    this.tokens = this.cap
+    return allowed
+  }
+}
+
+type RunError = CapacityExhausted | UpstreamError | UpstreamTimeout
+
+const broke = (failure: NodeFailure) =>
+  new UpstreamError({ message: `The node stopped before the answer was complete (${failure.reason}).` })
+
+const timedOut = () => new UpstreamTimeout({ message: "The request reached its running-time limit." })
+
+const completionId = (requestId: string) => `chatcmpl-${requestId.replace(/^req_/, "")}`
+
+const finishOf = (text: CappedText, node: "stop" | "length" | undefined): FinishReason =>
+  text.capped || node === "length" ? "length" : "stop"
+
+const runEvents = (
+  events: Stream.Stream<NodeEvent, NodeFailure>,
+  text: CappedText,
+  onDelta: (delta: string) => Effect.Effect<void>,
+) =>
+  Effect.gen(function* () {
+    let nodeFinish: "stop" | "length" | undefined
+    yield* events.pipe(
+      Stream.takeUntil(() => text.capped),
+      Stream.runForEach((event) => {
+        if (event._tag === "Finish") {
+          nodeFinish = event.reason
+          return Effect.void
+        }
+        const allowed = text.add(event.text)
+        return allowed.length > 0 ? onDelta(allowed) : Effect.void
+      }),
+      Effect.mapError(broke),
+    )
+    return finishOf(text, nodeFinish)
+  })
+
+/** Waits for `drain` when the socket buffer is full, so a slow reader slows the node, not our memory. */
+const write = (res: ServerResponse, data: string): Effect.Effect<void> =>
+  res.write(data)
+    ? Effect.void
+    : Effect.async<void>((resume) => {
+        const done = () => {
+          res.off("drain", done)
+          res.off("close", done)
+          resume(Effect.void)
+        }
+        res.on("drain", done)
+        res.on("close", done)
+        return Effect.sync(() => {
+          res.off("drain", done)
+          res.off("close", done)
+        })
+      })
+
+const usageJson = (prompt: number, completion: number) =>
+  `{"prompt_tokens":${prompt},"completion_tokens":${completion},"total_tokens":${prompt + completion}}`
+
+/**
+ * Answers the request on `res`. Fails (with nothing written) only before the
+ * first token; later failures are written as the stream's last event.
+ */
+export const respond = (
+  res: ServerResponse,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig> =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const dispatcher = yield* Dispatcher.Dispatcher
+      const startedAt = yield* Clock.currentTimeMillis
+      const created = Math.floor(startedAt / 1000)
+      const id = completionId(requestId)
+      const text = new CappedText(request.maxTokens)
+      const deadline = startedAt + request.preset.timeoutMillis
+      const remaining = Effect.map(Clock.currentTimeMillis, (now) => Math.max(0, deadline - now))
+      const withDeadline = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+        Effect.flatMap(remaining, (millis) =>
+          Effect.timeoutFail(effect, { duration: millis, onTimeout: timedOut }),
+        )
+      const run = yield* withDeadline(
+        dispatcher.run(request.preset, {
+          requestId,
+          messages: request.messages,
+          maxTokens: request.maxTokens,
+          jsonMode: request.jsonMode,
+          sampling: request.sampling,
+        }),
+      )
+      outcome.started = true
+      outcome.nodeId = run.nodeId
+      const track = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+        effect.pipe(Effect.ensuring(Effect.sync(() => (outcome.completionTokens = text.tokens))))
+
+      if (!request.stream) {
+        const finish = yield* withDeadline(track(runEvents(run.events, text, () => Effect.void)))
+        outcome.finishReason = finish
+        const completionTokens = Tokens.count(text.text)
+        outcome.completionTokens = completionTokens
+        const body = `{"id":"${id}","object":"chat.completion","created":${created},"model":${JSON.stringify(request.model)},"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(text.text)}},"finish_reason":"${finish}"}],"usage":${usageJson(request.promptTokens, completionTokens)}}`
+        res.writeHead(200, {
+          "content-type": "application/json",
+          "content-length": String(Buffer.byteLength(body)),
+          [REQUEST_ID_HEADER]: requestId,
+        })
+        res.end(body)
+        outcome.status = "completed"
+        return
+      }
+
+      const config = yield* GatewayConfig
+      const usageTail = request.includeUsage ? ',"usage":null}' : "}"
+      const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
+      const chunk = (delta: string, finish: string) =>
+        SseEncoder.encodeData(`${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}`)
+
+      res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
+      outcome.headersSent = true
+      let lastWrite = Date.now()
+      const send = (data: string) => {
+        lastWrite = Date.now()
+        return write(res, data)
+      }
+      const timer = setInterval(
+        () => {
+          if (Date.now() - lastWrite >= config.keepAliveIntervalMillis && !res.writableEnded) {
+            lastWrite = Date.now()
+            res.write(SseEncoder.keepAlive)
+          }
+        },
+        Math.max(10, Math.floor(config.keepAliveIntervalMillis / 2)),
+      )
+      yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
+
+      yield* send(chunk('{"role":"assistant","content":""}', "null"))
+      const finished = yield* track(
+        runEvents(run.events, text, (delta) => send(chunk(`{"content":${JSON.stringify(delta)}}`, "null"))),
+      ).pipe(withDeadline, Effect.either)
+      if (finished._tag === "Left") {
+        outcome.status = finished.left._tag === "UpstreamTimeout" ? "upstream_timeout" : "upstream_error"
+        outcome.completionTokens = Tokens.count(text.text)
+        const message =
+          finished.left._tag === "UpstreamTimeout"
+            ? "The request reached its running-time limit after the stream started."
+            : finished.left.message
+        // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
+        res.end(
+          SseEncoder.encodeData(
+            streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
+          ),
+        )
+        return
+      }
+      outcome.finishReason = finished.right
+      const completionTokens = Tokens.count(text.text)
+      outcome.completionTokens = completionTokens
+      let tail = chunk("{}", `"${finished.right}"`)
+      if (request.includeUsage) {
+        tail += SseEncoder.encodeData(
+          `${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`,
+        )
+      }
+      res.end(tail + SseEncoder.DONE)
+      outcome.status = "completed"
+    }),
+  )

@@ -1,0 +1,400 @@
+/**
+ * The HTTP surface on plain `node:http`: routing, request ids, bodies with
+ * their limits, and the one place where failures are rendered. Each request
+ * runs as one fiber; a client that goes away interrupts it, which cancels the
+ * node stream and releases everything acquired for it.
+ */
+import { createHash, randomUUID, timingSafeEqual } from "node:crypto"
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
+import type { AddressInfo } from "node:net"
+import type { SqlClient } from "@effect/sql"
+import { ApiKeys, type Repository } from "@swarmgate/auth"
+import { Dispatcher, type SwarmNode } from "@swarmgate/dispatch"
+import {
+  AdmissionUnavailable,
+  type ApiError,
+  decodeChatCompletionRequest,
+  InternalError,
+  InvalidRequest,
+  isApiError,
+  REQUEST_ID_HEADER,
+  RequestTimeout,
+  RequestTooLarge,
+  renderError,
+  streamErrorEvent,
+  UnsupportedMediaType,
+} from "@swarmgate/protocol"
+import { Cause, Effect, Either, FiberId, Option, Redacted, Runtime } from "effect"
+import { handleAdmin } from "./Admin"
+import * as ChatCompletions from "./ChatCompletions"
+import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
+import * as Models from "./Models"
+import { normalize, type PresetView } from "./RequestPolicy"
+
+export type GatewayServices =
+  | ApiKeys.ApiKeys
+  | Dispatcher.Dispatcher
+  | GatewayConfig
+  | Repository.Repository
+  | SqlClient.SqlClient
+
+const newRequestId = () => `req_${randomUUID().replaceAll("-", "")}`
+
+const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
+  res.writeHead(status, { ...headers, "content-length": "0" })
+  res.end()
+}
+
+const sendJson = (res: ServerResponse, status: number, body: unknown) => {
+  const text = JSON.stringify(body)
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": String(Buffer.byteLength(text)),
+  })
+  res.end(text)
+}
+
+const hasBody = (req: IncomingMessage) =>
+  req.headers["transfer-encoding"] !== undefined ||
+  (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0")
+
+/** After refusing a body we did not read, how much more of it we discard before cutting the connection. */
+const DRAIN_MAX_BYTES = 1024 * 1024
+const DRAIN_MAX_MILLIS = 2_000
+
+/**
+ * A refused body is drained for a bounded while, so that a client still
+ * uploading can read our answer (closing at once makes it see EPIPE, not the
+ * 413); past the bound the connection is cut.
+ */
+const closeAfterUnreadBody = (req: IncomingMessage, res: ServerResponse) => {
+  if (req.complete || !hasBody(req)) return
+  res.once("finish", () => {
+    if (req.complete) return
+    const socket = req.socket
+    const startBytes = socket.bytesRead
+    const startedAt = Date.now()
+    req.resume()
+    const timer = setInterval(() => {
+      if (req.complete || socket.destroyed) return clearInterval(timer)
+      if (socket.bytesRead - startBytes > DRAIN_MAX_BYTES || Date.now() - startedAt > DRAIN_MAX_MILLIS) {
+        clearInterval(timer)
+        socket.destroy()
+      }
+    }, 50)
+    timer.unref()
+  })
+}
+
+const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string, error: ApiError) => {
+  if (res.headersSent) {
+    // Only defects get here after the stream started: end it with the final error event.
+    if (!res.writableEnded) {
+      res.end(
+        `data: ${streamErrorEvent({ message: "The request failed after it started.", type: "server_error", code: "upstream_error" }, requestId)}\n\n`,
+      )
+    }
+    return
+  }
+  const rendered = renderError(error, requestId)
+  if (error.status === 413 || error.status === 408 || error.status === 415 || error.status === 401) {
+    closeAfterUnreadBody(req, res)
+  }
+  res.writeHead(rendered.status, {
+    ...rendered.headers,
+    "content-length": String(Buffer.byteLength(rendered.body)),
+  })
+  res.end(rendered.body)
+}
+
+const isJsonContentType = (value: string | undefined) => {
+  if (value === undefined) return false
+  const semi = value.indexOf(";")
+  return (semi < 0 ? value : value.slice(0, semi)).trim().toLowerCase() === "application/json"
+}
+
+/** Reads the whole body within the size limit and the arrival deadline. */
+const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
+  Effect.async<Buffer, RequestTooLarge | RequestTimeout>((resume) => {
+    const tooLarge = () =>
+      new RequestTooLarge({
+        message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
+        param: null,
+      })
+    const declared = req.headers["content-length"]
+    if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
+      resume(Effect.fail(tooLarge()))
+      return
+    }
+    const chunks: Array<Buffer> = []
+    let size = 0
+    const cleanup = () => {
+      clearTimeout(timer)
+      req.off("data", onData)
+      req.off("end", onEnd)
+    }
+    const onData = (chunk: Buffer) => {
+      size += chunk.length
+      if (size > config.maxBodyBytes) {
+        cleanup()
+        req.pause()
+        resume(Effect.fail(tooLarge()))
+        return
+      }
+      chunks.push(chunk)
+    }
+    const onEnd = () => {
+      cleanup()
+      resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
+    }
+    const timer = setTimeout(
+      () => {
+        cleanup()
+        req.pause()
+        resume(
+          Effect.fail(
+            new RequestTimeout({
+              message: `The request body did not arrive within ${Math.round(config.bodyTimeoutMillis / 1000)} seconds.`,
+            }),
+          ),
+        )
+      },
+      Math.max(0, config.bodyTimeoutMillis - (Date.now() - startedAt)),
+    )
+    req.on("data", onData)
+    req.on("end", onEnd)
+    return Effect.sync(cleanup)
+  })
+
+const parseJson = (buffer: Buffer) =>
+  Effect.try({
+    try: () => JSON.parse(buffer.toString("utf8")) as unknown,
+    catch: () => new InvalidRequest({ message: "The request body is not valid JSON.", param: null }),
+  })
+
+/** Storage trouble while authenticating is ours, not the caller's: a retryable 503. */
+const storageUnavailable = () =>
+  new AdmissionUnavailable({ message: "The service cannot accept the request now.", retryAfterSeconds: 1 })
+
+const authenticate = (req: IncomingMessage) =>
+  Effect.flatMap(ApiKeys.ApiKeys, (keys) => keys.authenticate(req.headers.authorization)).pipe(
+    Effect.catchTag("RepositoryUnavailable", () => Effect.fail(storageUnavailable())),
+  )
+
+const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number) =>
+  Effect.gen(function* () {
+    yield* authenticate(req)
+    if (!isJsonContentType(req.headers["content-type"])) {
+      return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
+    }
+    const config = yield* GatewayConfig
+    const json = yield* Effect.flatMap(readBody(req, config, startedAt), parseJson)
+    const decoded = decodeChatCompletionRequest(json)
+    if (Either.isLeft(decoded)) return yield* decoded.left
+    const views = yield* presetViews
+    const request = yield* normalize(
+      decoded.right,
+      json as Record<string, unknown>,
+      (id) => views.get(id),
+      config.maxImageBytes,
+    )
+    yield* ChatCompletions.respond(res, requestId, request, ChatCompletions.newOutcome())
+  })
+
+/** Vision is a property of the nodes behind a preset. */
+const viewsByDispatcher = new WeakMap<Dispatcher.DispatcherShape, Map<string, PresetView>>()
+const presetViews = Effect.map(Dispatcher.Dispatcher, (dispatcher) => {
+  let views = viewsByDispatcher.get(dispatcher)
+  if (views === undefined) {
+    views = new Map()
+    for (const preset of dispatcher.presets) {
+      views.set(preset.id, {
+        preset,
+        vision: preset.vision && dispatcher.nodesFor(preset.id).some((n) => n.vision),
+      })
+    }
+    viewsByDispatcher.set(dispatcher, views)
+  }
+  return views
+})
+
+/** Node state for operators (`GET /admin/v1/nodes`). */
+const nodesView = (dispatcher: Dispatcher.DispatcherShape) => {
+  const nodes = new Map<string, SwarmNode>()
+  for (const preset of dispatcher.presets)
+    for (const node of dispatcher.nodesFor(preset.id)) nodes.set(node.id, node)
+  return [...nodes.values()].map((node) => ({
+    id: node.id,
+    object: "node",
+    models: Object.fromEntries(node.models),
+    capacity: node.capacity,
+    in_flight: dispatcher.inFlight(node.id),
+    vision: node.vision,
+  }))
+}
+
+const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
+  const header = req.headers.authorization ?? ""
+  const expected = createHash("sha256")
+    .update(`Bearer ${Redacted.value(token)}`)
+    .digest()
+  const actual = createHash("sha256").update(header).digest()
+  return timingSafeEqual(expected, actual)
+}
+
+const admin = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  segments: ReadonlyArray<string>,
+  startedAt: number,
+) =>
+  Effect.gen(function* () {
+    const config = yield* GatewayConfig
+    if (Option.isNone(config.adminToken)) return empty(res, 404)
+    if (!adminAuthorized(req, config.adminToken.value)) {
+      closeAfterUnreadBody(req, res)
+      return sendJson(res, 401, {
+        error: {
+          message: "Admin API: send 'Authorization: Bearer $SWARMGATE_ADMIN_TOKEN'.",
+          type: "invalid_request_error",
+          code: "invalid_admin_token",
+          param: null,
+        },
+      })
+    }
+    let body: unknown
+    if (req.method === "POST" || req.method === "PATCH") {
+      const buffer = yield* readBody(req, config, startedAt)
+      if (buffer.length > 0) body = yield* parseJson(buffer)
+    }
+    const url = req.url ?? "/"
+    const q = url.indexOf("?")
+    if (segments[0] === "nodes" && segments.length === 1) {
+      if (req.method !== "GET") return empty(res, 405, { allow: "GET" })
+      const dispatcher = yield* Dispatcher.Dispatcher
+      return sendJson(res, 200, { data: nodesView(dispatcher) })
+    }
+    const response = yield* handleAdmin({
+      method: req.method ?? "GET",
+      segments,
+      query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)),
+      body,
+    })
+    if (response.body === undefined) return empty(res, response.status)
+    sendJson(res, response.status, response.body)
+  })
+
+type Route =
+  | { readonly _tag: "Empty"; readonly status: 404 | 405; readonly allow?: string }
+  | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices> }
+
+const route = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number): Route => {
+  const url = req.url ?? "/"
+  const q = url.indexOf("?")
+  const path = q < 0 ? url : url.slice(0, q)
+  const method = req.method ?? "GET"
+  if (path === "/v1/chat/completions") {
+    return method === "POST"
+      ? { _tag: "Run", effect: chatCompletion(req, res, requestId, startedAt) }
+      : { _tag: "Empty", status: 405, allow: "POST" }
+  }
+  if (path === "/v1/models") {
+    return method === "GET" || method === "HEAD"
+      ? { _tag: "Run", effect: Models.list(authenticate(req), res, requestId) }
+      : { _tag: "Empty", status: 405, allow: "GET" }
+  }
+  if (path.startsWith("/admin/v1/")) {
+    const segments = path
+      .slice("/admin/v1/".length)
+      .split("/")
+      .filter((s) => s.length > 0)
+      .map(decodeURIComponent)
+    return { _tag: "Run", effect: admin(req, res, segments, startedAt) }
+  }
+  if (path === "/healthz" && method === "GET") {
+    return { _tag: "Run", effect: Effect.sync(() => sendJson(res, 200, { status: "ok" })) }
+  }
+  return { _tag: "Empty", status: 404 }
+}
+
+/** The `node:http` request listener, running each request on `runtime`. */
+export const makeListener = (runtime: Runtime.Runtime<GatewayServices>) => {
+  const runFork = Runtime.runFork(runtime)
+  return (req: IncomingMessage, res: ServerResponse) => {
+    const startedAt = Date.now()
+    const requestId = newRequestId()
+    res.setHeader(REQUEST_ID_HEADER, requestId)
+    let decided: Route
+    try {
+      decided = route(req, res, requestId, startedAt)
+    } catch {
+      // A malformed percent-escape in an admin path.
+      decided = { _tag: "Empty", status: 404 }
+    }
+    if (decided._tag === "Empty") {
+      closeAfterUnreadBody(req, res)
+      return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
+    }
+    const program = decided.effect.pipe(
+      Effect.catchAllCause((cause) =>
+        Effect.sync(() => {
+          if (Cause.isInterruptedOnly(cause)) return
+          const failure = Cause.failureOption(cause)
+          const error =
+            Option.isSome(failure) && isApiError(failure.value)
+              ? failure.value
+              : new InternalError({ message: "The server failed to handle the request." })
+          if (!isApiError(Option.getOrUndefined(failure))) {
+            console.error(`[${requestId}] internal error`, Cause.pretty(cause))
+          }
+          writeError(req, res, requestId, error)
+        }),
+      ),
+    )
+    const fiber = runFork(program)
+    res.on("close", () => {
+      if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)
+    })
+  }
+}
+
+export interface ListenOptions {
+  readonly port: number
+  readonly host: string
+  /** On shutdown, how long in-flight requests may finish before their connections are closed. */
+  readonly drainMillis?: number | undefined
+}
+
+/** Listens until the scope closes; closing stops accepting and ends idle connections. */
+export const listen = (options: ListenOptions) =>
+  Effect.gen(function* () {
+    const config = yield* GatewayConfig
+    const runtime = yield* Effect.runtime<GatewayServices>()
+    const server: Server = createServer(
+      {
+        // Our own 408 comes first; Node's limits only catch what escapes it.
+        requestTimeout: config.bodyTimeoutMillis + 5_000,
+        headersTimeout: Math.min(30_000, config.bodyTimeoutMillis + 5_000),
+        keepAliveTimeout: 5_000,
+        connectionsCheckingInterval: Math.min(1_000, config.bodyTimeoutMillis),
+      },
+      makeListener(runtime),
+    )
+    yield* Effect.acquireRelease(
+      Effect.async<void, Error>((resume) => {
+        server.once("error", (e) => resume(Effect.fail(e)))
+        server.listen(options.port, options.host, () => resume(Effect.void))
+      }),
+      () =>
+        Effect.async<void>((resume) => {
+          const deadline = setTimeout(() => server.closeAllConnections(), options.drainMillis ?? 10_000)
+          server.close(() => {
+            clearTimeout(deadline)
+            resume(Effect.void)
+          })
+          server.closeIdleConnections()
+        }),
+    )
+    const address = server.address() as AddressInfo
+    return { server, port: address.port, host: address.address }
+  })

@@ -1,0 +1,7 @@
+export * as Admin from "./Admin"
+export * as ChatCompletions from "./ChatCompletions"
+export * as GatewayConfig from "./GatewayConfig"
+export * as HttpServer from "./HttpServer"
+export * as Models from "./Models"
+export * as RequestPolicy from "./RequestPolicy"
+export * as Tokens from "./Tokens"

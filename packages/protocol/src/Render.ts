@@ -1,0 +1,56 @@
+/**
+ * The one place where an error becomes a response: status, headers and body.
+ */
+import type { ApiError, CatalogueError } from "./Errors"
+
+export interface RenderedError {
+  readonly status: number
+  readonly headers: Record<string, string>
+  readonly body: string
+}
+
+export interface ErrorEnvelope {
+  readonly error: {
+    readonly message: string
+    readonly type: string
+    readonly code: string
+    readonly param: string | null
+  }
+  readonly request_id: string
+}
+
+export const REQUEST_ID_HEADER = "x-request-id"
+
+export const errorEnvelope = (
+  error: CatalogueError | Exclude<ApiError, { _tag: "ValidationFailed" }>,
+  requestId: string,
+): ErrorEnvelope => ({
+  error: { message: error.message, type: error.type, code: error.code, param: error.param },
+  request_id: requestId,
+})
+
+export const renderError = (error: ApiError, requestId: string): RenderedError => {
+  const headers: Record<string, string> = {
+    "content-type": "application/json",
+    [REQUEST_ID_HEADER]: requestId,
+  }
+  if (error._tag === "ValidationFailed") {
+    return { status: 422, headers, body: JSON.stringify({ detail: error.detail }) }
+  }
+  const retryAfter = error.retryAfter
+  if (retryAfter !== undefined) headers["retry-after"] = String(retryAfter)
+  return { status: error.status, headers, body: JSON.stringify(errorEnvelope(error, requestId)) }
+}
+
+/**
+ * The last SSE event of a stream that failed after it started (spec §6):
+ * code `upstream_error` (or `upstream_timeout`), and no `param` field at all.
+ */
+export const streamErrorEvent = (
+  error: { readonly message: string; readonly type: string; readonly code: string },
+  requestId: string,
+): string =>
+  JSON.stringify({
+    error: { message: error.message, type: error.type, code: error.code },
+    request_id: requestId,
+  })

@@ -1,0 +1,152 @@
+/**
+ * Decoding of the request body into `ChatCompletionRequest`, with shape errors
+ * turned into the 422 `detail` entries of spec §2.6 (`loc` starts at "body").
+ */
+import { Either, type ParseResult, Predicate, Schema, SchemaAST } from "effect"
+import { type ValidationDetail, ValidationFailed } from "./Errors"
+import { ChatCompletionRequest, ImageUrlPart, TextPart } from "./Schemas"
+
+type Loc = ReadonlyArray<string | number>
+
+const typeName = (ast: SchemaAST.AST): { type: string; expected: string } => {
+  switch (ast._tag) {
+    case "StringKeyword":
+      return { type: "string_type", expected: "a valid string" }
+    case "NumberKeyword":
+      return { type: "number_type", expected: "a valid number" }
+    case "BooleanKeyword":
+      return { type: "bool_type", expected: "a valid boolean" }
+    case "Literal":
+      return { type: "literal_error", expected: JSON.stringify(ast.literal) }
+    case "TupleType":
+      return { type: "list_type", expected: "a valid list" }
+    case "TypeLiteral":
+      return { type: "dict_type", expected: "a valid object" }
+    case "Union": {
+      const defined = ast.types.filter((t) => t._tag !== "UndefinedKeyword")
+      if (defined.length === 1) return typeName(defined[0]!)
+      const literals = ast.types.filter(SchemaAST.isLiteral).map((t) => JSON.stringify(t.literal))
+      if (literals.length === ast.types.length)
+        return { type: "literal_error", expected: literals.join(", ") }
+      if (ast.types.some((t) => t._tag === "Literal" && t.literal === null)) {
+        const inner = ast.types.find((t) => !(t._tag === "Literal" && t.literal === null))
+        if (inner) return typeName(inner)
+      }
+      return { type: "union_type", expected: ast.types.map((t) => typeName(t).expected).join(" or ") }
+    }
+    case "Refinement":
+      // Schema.Int is the only refinement in the request schema.
+      return { type: "int_type", expected: "a valid integer" }
+    default:
+      return { type: "type_error", expected: "a valid value" }
+  }
+}
+
+const describe = (value: unknown): string => {
+  if (value === null) return "null"
+  if (Array.isArray(value)) return "a list"
+  if (typeof value === "string") return value.length > 40 ? "a string" : JSON.stringify(value)
+  return typeof value === "object" ? "an object" : String(value)
+}
+
+const collect = (issue: ParseResult.ParseIssue, loc: Loc, out: Array<ValidationDetail>): void => {
+  switch (issue._tag) {
+    case "Pointer": {
+      const path = Array.isArray(issue.path) ? issue.path : [issue.path]
+      collect(issue.issue, [...loc, ...(path as Array<string | number>)], out)
+      return
+    }
+    case "Missing":
+      out.push({ loc, msg: "Field required", type: "missing" })
+      return
+    case "Type": {
+      if (issue.ast._tag === "Refinement") {
+        out.push({ loc, msg: issue.message ?? "Input should be a valid integer", type: "int_type" })
+        return
+      }
+      const { expected, type } = typeName(issue.ast)
+      out.push({ loc, msg: `Input should be ${expected}, got ${describe(issue.actual)}`, type })
+      return
+    }
+    case "Refinement":
+      if (issue.kind === "From") {
+        collect(issue.issue, loc, out)
+        return
+      }
+      out.push({ loc, msg: "Input should be a valid integer", type: "int_type" })
+      return
+    case "Transformation":
+      collect(issue.issue, loc, out)
+      return
+    case "Composite": {
+      const issues = Array.isArray(issue.issues) ? issue.issues : [issue.issues]
+      if (issue.ast._tag === "Union") {
+        // Prefer the member that got past its outer type (the one the client meant).
+        const deeper = issues.filter(
+          (i: ParseResult.ParseIssue) => i._tag === "Pointer" || i._tag === "Composite",
+        )
+        if (deeper.length > 0) {
+          for (const i of deeper) collect(i, loc, out)
+          return
+        }
+        const { expected, type } = typeName(issue.ast)
+        out.push({ loc, msg: `Input should be ${expected}, got ${describe(issue.actual)}`, type })
+        return
+      }
+      for (const i of issues) collect(i, loc, out)
+      return
+    }
+    case "Unexpected":
+      out.push({ loc, msg: "Extra inputs are not permitted", type: "extra_forbidden" })
+      return
+    case "Forbidden":
+      out.push({ loc, msg: "Input is not allowed here", type: "forbidden" })
+      return
+  }
+}
+
+/** Turns a parse error into 422 `detail` entries rooted at `loc`. */
+export const toValidationDetail = (
+  error: ParseResult.ParseError,
+  loc: Loc = ["body"],
+): Array<ValidationDetail> => {
+  const out: Array<ValidationDetail> = []
+  collect(error.issue, loc, out)
+  return out
+}
+
+const decodeRequest = Schema.decodeUnknownEither(ChatCompletionRequest, { errors: "all" })
+const decodeText = Schema.decodeUnknownEither(TextPart, { errors: "all" })
+const decodeImage = Schema.decodeUnknownEither(ImageUrlPart, { errors: "all" })
+
+/** `text` / `image_url` part errors, read off the raw body so they are reported alongside any other error. */
+const partDetail = (body: unknown): Array<ValidationDetail> => {
+  const detail: Array<ValidationDetail> = []
+  if (!Predicate.isRecord(body) || !Array.isArray(body.messages)) return detail
+  body.messages.forEach((message: unknown, i: number) => {
+    if (!Predicate.isRecord(message) || !Array.isArray(message.content)) return
+    message.content.forEach((part: unknown, j: number) => {
+      if (!Predicate.isRecord(part)) return
+      const decode: ((u: unknown) => Either.Either<unknown, ParseResult.ParseError>) | undefined =
+        part.type === "text" ? decodeText : part.type === "image_url" ? decodeImage : undefined
+      const result = decode?.(part)
+      if (result && Either.isLeft(result)) {
+        detail.push(...toValidationDetail(result.left, ["body", "messages", i, "content", j]))
+      }
+    })
+  })
+  return detail
+}
+
+/**
+ * Decodes a parsed JSON body. Shape errors (including those of `text` and
+ * `image_url` content parts) become one `ValidationFailed` with every entry.
+ */
+export const decodeChatCompletionRequest = (
+  body: unknown,
+): Either.Either<ChatCompletionRequest, ValidationFailed> => {
+  const decoded = decodeRequest(body)
+  const detail = [...(Either.isLeft(decoded) ? toValidationDetail(decoded.left) : []), ...partDetail(body)]
+  if (Either.isLeft(decoded) || detail.length > 0) return Either.left(new ValidationFailed({ detail }))
+  return Either.right(decoded.right)
+}

@@ -1,0 +1,4 @@
+export * from "./Errors"
+export * from "./Render"
+export * from "./RequestDecoding"
+export * from "./Schemas"

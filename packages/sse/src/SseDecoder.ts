@@ -1,0 +1,190 @@
+/**
+ * Incremental Server-Sent Events decoder following the WHATWG "event stream
+ * interpretation" rules, for reading upstream node streams.
+ *
+ * It never throws: malformed input is either ignored (unknown fields, a
+ * non-numeric `retry`) or decoded with U+FFFD replacement (invalid UTF-8).
+ *
+ * @since 0.1.0
+ */
+import * as Chunk from "effect/Chunk"
+import * as Stream from "effect/Stream"
+
+/** A dispatched event. */
+export interface SseEvent {
+  /** The `event:` field; `undefined` when absent or empty (a browser would report "message"). */
+  readonly event: string | undefined
+  /** The `data:` lines joined with `\n`. */
+  readonly data: string
+  /**
+   * The last event ID of the stream at dispatch time. Per the spec it carries
+   * over to later events until another `id:` field changes it; `undefined`
+   * while it is empty (never set, or reset by an empty `id:`).
+   */
+  readonly id: string | undefined
+}
+
+const LF = 10
+const CR = 13
+const SPACE = 32
+const BOM = 0xfeff
+
+/**
+ * Feed it chunks with `push`; each call returns the events completed by that
+ * chunk. Lines may end with LF, CRLF or CR and may be split anywhere across
+ * chunks, including inside a multi-byte UTF-8 character or between the CR and
+ * LF of a CRLF.
+ *
+ * Byte and string chunks should not be interleaved in the middle of a
+ * multi-byte character (the string would be placed before the pending bytes).
+ */
+export class SseDecoder {
+  private readonly utf8 = new TextDecoder("utf-8", { ignoreBOM: true })
+  /** Text after the last line terminator: the start of a line not yet complete. */
+  private partial = ""
+  /** The previous chunk ended with CR: an LF at the start of the next one belongs to it. */
+  private afterCR = false
+  private started = false
+  private data = ""
+  private hasData = false
+  private eventType = ""
+  private lastEventId = ""
+  private reconnectionTime: number | undefined = undefined
+
+  /** The last valid `retry:` value, in milliseconds. */
+  get retry(): number | undefined {
+    return this.reconnectionTime
+  }
+
+  push(chunk: Uint8Array | string): Array<SseEvent> {
+    const text = typeof chunk === "string" ? chunk : this.utf8.decode(chunk, { stream: true })
+    const events: Array<SseEvent> = []
+    this.feed(text, events)
+    return events
+  }
+
+  /**
+   * Ends the stream. Per the spec an event not yet terminated by a blank line
+   * is discarded, not dispatched, so a truncated upstream response cannot pass
+   * off half an event as a whole one; the result is therefore always empty.
+   * The decoder is reset and may be reused for a new stream.
+   */
+  end(): Array<SseEvent> {
+    const events: Array<SseEvent> = []
+    this.feed(this.utf8.decode(), events)
+    this.partial = ""
+    this.afterCR = false
+    this.started = false
+    this.data = ""
+    this.hasData = false
+    this.eventType = ""
+    this.lastEventId = ""
+    this.reconnectionTime = undefined
+    return events
+  }
+
+  private feed(text: string, events: Array<SseEvent>): void {
+    if (text.length === 0) return
+    let start = 0
+    if (!this.started) {
+      this.started = true
+      if (text.charCodeAt(0) === BOM) start = 1
+    }
+    if (this.afterCR) {
+      this.afterCR = false
+      if (start < text.length && text.charCodeAt(start) === LF) start++
+    }
+    const length = text.length
+    for (let i = start; i < length; i++) {
+      const c = text.charCodeAt(i)
+      if (c !== LF && c !== CR) continue
+      let line = text.slice(start, i)
+      if (this.partial.length > 0) {
+        line = this.partial + line
+        this.partial = ""
+      }
+      this.line(line, events)
+      if (c === CR) {
+        if (i + 1 < length) {
+          if (text.charCodeAt(i + 1) === LF) i++
+        } else {
+          this.afterCR = true
+        }
+      }
+      start = i + 1
+    }
+    if (start < length) {
+      this.partial = this.partial.length > 0 ? this.partial + text.slice(start) : text.slice(start)
+    }
+  }
+
+  private line(line: string, events: Array<SseEvent>): void {
+    if (line.length === 0) {
+      this.dispatch(events)
+      return
+    }
+    const colon = line.indexOf(":")
+    if (colon === 0) return
+    let field: string
+    let value: string
+    if (colon === -1) {
+      field = line
+      value = ""
+    } else {
+      field = line.slice(0, colon)
+      value = line.slice(line.charCodeAt(colon + 1) === SPACE ? colon + 2 : colon + 1)
+    }
+    switch (field) {
+      case "data":
+        if (this.hasData) {
+          this.data = `${this.data}\n${value}`
+        } else {
+          this.data = value
+          this.hasData = true
+        }
+        return
+      case "event":
+        this.eventType = value
+        return
+      case "id":
+        if (value.indexOf("\u0000") === -1) this.lastEventId = value
+        return
+      case "retry":
+        if (/^[0-9]+$/.test(value)) this.reconnectionTime = Number(value)
+        return
+    }
+  }
+
+  private dispatch(events: Array<SseEvent>): void {
+    if (this.hasData) {
+      events.push({
+        event: this.eventType.length > 0 ? this.eventType : undefined,
+        data: this.data,
+        id: this.lastEventId.length > 0 ? this.lastEventId : undefined,
+      })
+    }
+    this.data = ""
+    this.hasData = false
+    this.eventType = ""
+  }
+}
+
+/**
+ * Decodes a byte stream into events. Each run of the resulting stream gets its
+ * own decoder, so the stream can be run more than once.
+ */
+export const decodeSse = <E, R>(bytes: Stream.Stream<Uint8Array, E, R>): Stream.Stream<SseEvent, E, R> =>
+  Stream.suspend(() => {
+    const decoder = new SseDecoder()
+    return bytes.pipe(
+      Stream.mapChunks((chunk) => {
+        const out: Array<SseEvent> = []
+        for (const bytes of chunk) {
+          const events = decoder.push(bytes)
+          for (let i = 0; i < events.length; i++) out.push(events[i]!)
+        }
+        return Chunk.unsafeFromArray(out)
+      }),
+      Stream.concat(Stream.suspend(() => Stream.fromIterable(decoder.end()))),
+    )
+  })

@@ -1,0 +1,9 @@
+/**
+ * @since 0.1.0
+ */
+export * as SseDecoder from "./SseDecoder"
+
+/**
+ * @since 0.1.0
+ */
+export * as SseEncoder from "./SseEncoder"

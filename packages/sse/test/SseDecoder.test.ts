@@ -1,0 +1,210 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Chunk, Effect, Stream } from "effect"
+import fc from "fast-check"
+import { decodeSse, SseDecoder, type SseEvent } from "../src/SseDecoder"
+import { DONE, encodeComment, encodeEvent, keepAlive } from "../src/SseEncoder"
+
+const utf8 = (s: string) => new TextEncoder().encode(s)
+
+const decodeAll = (chunks: ReadonlyArray<Uint8Array | string>): Array<SseEvent> => {
+  const decoder = new SseDecoder()
+  const events: Array<SseEvent> = []
+  for (const chunk of chunks) events.push(...decoder.push(chunk))
+  events.push(...decoder.end())
+  return events
+}
+
+/** Splits `bytes` at the given cut points (sorted, deduplicated, within bounds). */
+const splitAt = (bytes: Uint8Array, cuts: ReadonlyArray<number>): Array<Uint8Array> => {
+  const points = [...new Set(cuts)].filter((n) => n > 0 && n < bytes.length).sort((a, b) => a - b)
+  const parts: Array<Uint8Array> = []
+  let previous = 0
+  for (const point of [...points, bytes.length]) {
+    parts.push(bytes.subarray(previous, point))
+    previous = point
+  }
+  return parts
+}
+
+const event = (data: string, fields: Partial<Omit<SseEvent, "data">> = {}): SseEvent => ({
+  event: undefined,
+  id: undefined,
+  data,
+  ...fields,
+})
+
+// Mixes LF, CRLF and CR endings, a comment, multi-line data, ids and multi-byte characters.
+const sample =
+  "\uFEFF: hello\r\n" +
+  `${encodeEvent({ delta: "héllo 👋 世界" })}` +
+  "event: usage\r\nid: 7\r\ndata: line one\r\ndata:line two\r\n\r\n" +
+  "data: after cr\r\r" +
+  ": comment only\n\n" +
+  `${keepAlive}` +
+  "data\n\n" +
+  "retry: 1500\nid\ndata: 🙂\n\n" +
+  DONE +
+  "data: truncated"
+
+const sampleEvents: Array<SseEvent> = [
+  event('{"delta":"héllo 👋 世界"}'),
+  event("line one\nline two", { event: "usage", id: "7" }),
+  event("after cr", { id: "7" }),
+  event("", { id: "7" }),
+  event("🙂"),
+  event("[DONE]"),
+]
+
+describe("SseDecoder", () => {
+  it("decodes the sample stream in one chunk", () => {
+    expect(decodeAll([utf8(sample)])).toEqual(sampleEvents)
+  })
+
+  it("gives the same events for every split of the sample into two byte chunks", () => {
+    const bytes = utf8(sample)
+    for (let i = 0; i <= bytes.length; i++) {
+      expect(decodeAll([bytes.subarray(0, i), bytes.subarray(i)])).toEqual(sampleEvents)
+    }
+  })
+
+  it("gives the same events one byte at a time", () => {
+    const bytes = utf8(sample)
+    expect(decodeAll(splitAt(bytes, Array.from(bytes.keys())))).toEqual(sampleEvents)
+  })
+
+  it("gives the same events for any byte-split of the sample", () => {
+    const bytes = utf8(sample)
+    fc.assert(
+      fc.property(fc.array(fc.nat({ max: bytes.length }), { maxLength: 40 }), (cuts) => {
+        expect(decodeAll(splitAt(bytes, cuts))).toEqual(sampleEvents)
+      }),
+      { numRuns: 500 },
+    )
+  })
+
+  it("round-trips any encoded payloads under any split, whatever the line endings", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.string({ unit: "binary" }), { minLength: 1, maxLength: 8 }),
+        fc.constantFrom("\n", "\r\n", "\r"),
+        fc.array(fc.nat(), { maxLength: 20 }),
+        (payloads, eol, cuts) => {
+          const text = payloads.map((p) => encodeEvent({ p }).replace(/\n/g, eol)).join("")
+          const bytes = utf8(text)
+          const decoded = decodeAll(
+            splitAt(
+              bytes,
+              cuts.map((n) => n % (bytes.length + 1)),
+            ),
+          )
+          expect(decoded.map((e) => JSON.parse(e.data).p)).toEqual(
+            // lone surrogates do not survive UTF-8: compare with what TextEncoder makes of them
+            payloads.map((p) => new TextDecoder().decode(utf8(p))),
+          )
+        },
+      ),
+    )
+  })
+
+  it("treats CRLF, CR and LF alike, including a CRLF split between chunks", () => {
+    const expected = [event("a"), event("b"), event("c")]
+    expect(decodeAll(["data: a\r\n\r\ndata: b\r\rdata: c\n\n"])).toEqual(expected)
+    expect(decodeAll(["data: a\r", "\n\r", "\ndata: b\r", "\r", "data: c\n", "\n"])).toEqual(expected)
+    // the byte chunk in between decodes to nothing: the pending CR must survive it
+    expect(decodeAll([utf8("data: a\r"), new Uint8Array(0), utf8("\n\r\n")])).toEqual([event("a")])
+  })
+
+  it("ignores comments and unknown fields", () => {
+    expect(decodeAll([`${encodeComment("ping")}: x\nfoo: bar\ndata: d\n: mid-event\n\n`])).toEqual([
+      event("d"),
+    ])
+  })
+
+  it("joins data lines with LF and strips only one space after the colon", () => {
+    expect(decodeAll(["data:a\ndata:  b\ndata\ndata: \n\n"])).toEqual([event("a\n b\n\n")])
+  })
+
+  it("reassembles a multi-byte character split across byte chunks", () => {
+    const bytes = utf8("data: 👋é\n\n")
+    // 👋 is 4 bytes starting at offset 6: cut inside it and inside é
+    expect(
+      decodeAll([bytes.subarray(0, 7), bytes.subarray(7, 9), bytes.subarray(9, 11), bytes.subarray(11)]),
+    ).toEqual([event("👋é")])
+  })
+
+  it("replaces invalid UTF-8 instead of throwing", () => {
+    expect(decodeAll([new Uint8Array([100, 97, 116, 97, 58, 0xff, 10, 10])])).toEqual([event("\uFFFD")])
+  })
+
+  it("does not dispatch a trailing event without a blank line at end of stream", () => {
+    const decoder = new SseDecoder()
+    expect(decoder.push("data: complete\n\ndata: partial\n")).toEqual([event("complete")])
+    expect(decoder.end()).toEqual([])
+  })
+
+  it("carries the last event id over and lets an empty id reset it", () => {
+    expect(decodeAll(["id: 1\ndata: a\n\ndata: b\n\nid\ndata: c\n\nid: x\u0000y\ndata: d\n\n"])).toEqual([
+      event("a", { id: "1" }),
+      event("b", { id: "1" }),
+      event("c"),
+      event("d"),
+    ])
+  })
+
+  it("applies the event type to one event only, and drops an event with no data", () => {
+    expect(decodeAll(["event: ping\n\nevent: a\ndata: 1\n\ndata: 2\n\n"])).toEqual([
+      event("1", { event: "a" }),
+      event("2"),
+    ])
+  })
+
+  it("records only an all-digit retry", () => {
+    const decoder = new SseDecoder()
+    decoder.push("retry: 2500\n\nretry: 1e3\n\nretry: -1\n\n")
+    expect(decoder.retry).toBe(2500)
+  })
+
+  it("strips a leading byte-order mark once", () => {
+    // a later BOM stays part of the field name, which is then unknown and ignored
+    expect(decodeAll([utf8("\uFEFF"), utf8("data: a\n\n\uFEFFdata: b\n\n")])).toEqual([event("a")])
+    expect(decodeAll([utf8("\uFEFF\uFEFFdata: a\n\n")])).toEqual([])
+  })
+
+  it("can be reused after end", () => {
+    const decoder = new SseDecoder()
+    decoder.push("id: 1\ndata: half")
+    decoder.end()
+    expect(decoder.push("data: b\n\n")).toEqual([event("b")])
+  })
+})
+
+describe("decodeSse", () => {
+  it.effect("decodes a chunked byte stream", () =>
+    Effect.gen(function* () {
+      const bytes = utf8(sample)
+      const events = yield* Stream.runCollect(
+        decodeSse(Stream.fromIterable(splitAt(bytes, [3, 17, 18, 40, 41, 42, 90]))),
+      )
+      expect(Chunk.toReadonlyArray(events)).toEqual(sampleEvents)
+    }),
+  )
+
+  it.effect("starts afresh on every run", () =>
+    Effect.gen(function* () {
+      const stream = decodeSse(Stream.make(utf8("id: 1\ndata: a\n\ndata: trailing")))
+      const first = yield* Stream.runCollect(stream)
+      const second = yield* Stream.runCollect(stream)
+      expect(Chunk.toReadonlyArray(second)).toEqual(Chunk.toReadonlyArray(first))
+      expect(Chunk.toReadonlyArray(first)).toEqual([event("a", { id: "1" })])
+    }),
+  )
+
+  it.effect("passes upstream failures through", () =>
+    Effect.gen(function* () {
+      const error = yield* Stream.runCollect(
+        decodeSse(Stream.concat(Stream.make(utf8("data: a\n\n")), Stream.fail("upstream closed" as const))),
+      ).pipe(Effect.flip)
+      expect(error).toBe("upstream closed")
+    }),
+  )
+})

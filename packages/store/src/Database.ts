@@ -1,0 +1,76 @@
+/**
+ * The SQL client for `DATABASE_URL`, migrated at start-up: SQLite (the
+ * embedded default, better-sqlite3) or PostgreSQL.
+ */
+import { mkdirSync } from "node:fs"
+import { dirname } from "node:path"
+import { NodeContext } from "@effect/platform-node"
+import type { SqlClient } from "@effect/sql"
+import { PgClient, PgMigrator } from "@effect/sql-pg"
+import { SqliteClient, SqliteMigrator } from "@effect/sql-sqlite-node"
+import { Config, Data, Effect, Layer, Redacted } from "effect"
+import { migrations } from "./Migrations"
+
+export const DEFAULT_DATABASE_URL = "sqlite:./data/swarmgate.db"
+
+export type DatabaseTarget =
+  | { readonly _tag: "Sqlite"; readonly filename: string }
+  | { readonly _tag: "Postgres"; readonly url: string }
+
+export class InvalidDatabaseUrl extends Data.TaggedError("InvalidDatabaseUrl")<{ readonly reason: string }> {
+  override get message() {
+    return this.reason
+  }
+}
+
+export const parseDatabaseUrl = (url: string): Effect.Effect<DatabaseTarget, InvalidDatabaseUrl> => {
+  if (url.startsWith("postgres://") || url.startsWith("postgresql://")) {
+    return Effect.succeed({ _tag: "Postgres", url })
+  }
+  if (url.startsWith("sqlite:")) {
+    const filename = url.slice("sqlite:".length).replace(/^\/\/(?=\/)/, "")
+    if (filename.length === 0)
+      return Effect.fail(new InvalidDatabaseUrl({ reason: "sqlite: needs a file name or :memory:" }))
+    return Effect.succeed({ _tag: "Sqlite", filename })
+  }
+  return Effect.fail(
+    new InvalidDatabaseUrl({
+      reason: "DATABASE_URL must start with sqlite: or postgres:// (got another scheme)",
+    }),
+  )
+}
+
+const sqlite = (filename: string) => {
+  if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true })
+  const client = SqliteClient.layer({ filename })
+  return SqliteMigrator.layer({ loader: migrations }).pipe(
+    Layer.provide(NodeContext.layer),
+    Layer.provideMerge(client),
+  )
+}
+
+const postgres = (url: string) => {
+  const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 10 })
+  return PgMigrator.layer({ loader: migrations }).pipe(
+    Layer.provide(NodeContext.layer),
+    Layer.provideMerge(client),
+  )
+}
+
+/** A migrated `SqlClient` for the given URL. */
+export const layer = (url: string): Layer.Layer<SqlClient.SqlClient, unknown> =>
+  Layer.unwrapEffect(
+    Effect.map(
+      parseDatabaseUrl(url),
+      (target): Layer.Layer<SqlClient.SqlClient, unknown> =>
+        target._tag === "Sqlite" ? sqlite(target.filename) : postgres(target.url),
+    ),
+  )
+
+/** `DATABASE_URL`, defaulting to the embedded SQLite file. */
+export const layerConfig: Layer.Layer<SqlClient.SqlClient, unknown> = Layer.unwrapEffect(
+  Effect.map(Config.string("DATABASE_URL").pipe(Config.withDefault(DEFAULT_DATABASE_URL)), layer),
+)
+
+/** PostgreSQL and SQLite disagree on BIGINT (string vs number); read either as a number. */
+export const toNumber = (value: unknown): number => (typeof value === "number" ? value : Number(value))

@@ -1,0 +1,7 @@
+import { Migrator } from "@effect/sql"
+import initial from "./migrations/0001_initial"
+
+/** Numbered migrations, shared by SQLite and PostgreSQL. */
+export const migrations = Migrator.fromRecord({
+  "0001_initial": initial,
+})

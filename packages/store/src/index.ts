@@ -1,0 +1,2 @@
+export * as Database from "./Database"
+export { migrations } from "./Migrations"

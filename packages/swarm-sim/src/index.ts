@@ -1,0 +1,3 @@
+export * from "./Profiles"
+export * from "./SimNode"
+export * from "./TextGenerator"
