@@ -5,7 +5,7 @@
 import { mkdirSync } from "node:fs"
 import { dirname } from "node:path"
 import { NodeContext } from "@effect/platform-node"
-import type { SqlClient } from "@effect/sql"
+import { SqlClient } from "@effect/sql"
 import { PgClient, PgMigrator } from "@effect/sql-pg"
 import { SqliteClient, SqliteMigrator } from "@effect/sql-sqlite-node"
 import { Config, Data, Effect, Layer, Redacted } from "effect"
@@ -49,12 +49,30 @@ const sqlite = (filename: string) => {
   )
 }
 
+/**
+ * PgMigrator runs the migrations under a lock on `effect_sql_migrations`, but
+ * creates that table unlocked: two instances starting at once on a fresh
+ * database race on its CREATE TABLE and one fails. Create it first (same DDL as
+ * the Migrator) under a transaction-scoped advisory lock.
+ */
+const ensurePgMigrationsTable = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  sql.withTransaction(
+    Effect.zipRight(
+      sql`SELECT pg_advisory_xact_lock(hashtext('swarmgate:effect_sql_migrations'))`,
+      sql`CREATE TABLE IF NOT EXISTS effect_sql_migrations (
+        migration_id integer primary key,
+        created_at timestamp with time zone not null default now(),
+        name text not null
+      )`,
+    ),
+  ),
+)
+
 const postgres = (url: string) => {
   const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 10 })
-  return PgMigrator.layer({ loader: migrations }).pipe(
-    Layer.provide(NodeContext.layer),
-    Layer.provideMerge(client),
-  )
+  return Layer.effectDiscard(
+    Effect.zipRight(ensurePgMigrationsTable, PgMigrator.run({ loader: migrations })),
+  ).pipe(Layer.provide(NodeContext.layer), Layer.provideMerge(client))
 }
 
 /** A migrated `SqlClient` for the given URL. */

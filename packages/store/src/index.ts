@@ -1,2 +1,3 @@
 export * as Database from "./Database"
 export { migrations } from "./Migrations"
+export * as TestDatabase from "./testing/TestDatabase"
