@@ -1,0 +1,143 @@
+/**
+ * Two gateway processes sharing one Redis and one database: the per-minute
+ * limit, the daily quota, the concurrency limit and its queue hold for the
+ * pair, not per process; and a killed process's slot comes back within a lease.
+ */
+import { randomBytes } from "node:crypto"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { RedisStore } from "@swarmgate/quota"
+import { Effect } from "effect"
+import OpenAI from "openai"
+import { createKey, type RunningServer, startServer } from "./support/ServerProcess"
+
+const redisUrl = process.env.TEST_REDIS_URL
+const required = process.env.SWARMGATE_REQUIRE_SERVICES === "1"
+if (redisUrl === undefined && !required) {
+  console.warn(
+    "[skip] limits across instances: TEST_REDIS_URL is not set, so the two-instance tests do not run",
+  )
+}
+
+const MESSAGES = [{ role: "user" as const, content: "Name a river." }]
+const LONG = [{ role: "user" as const, content: "Write a long, detailed essay about every river of Europe." }]
+const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
+
+describe.skipIf(redisUrl === undefined && !required)("limits across two instances", () => {
+  const prefix = `test:multi:${randomBytes(6).toString("hex")}:`
+  const dir = mkdtempSync(join(tmpdir(), "swarmgate-multi-"))
+  let a: RunningServer
+  let b: RunningServer
+
+  beforeAll(async () => {
+    if (redisUrl === undefined) throw new Error("TEST_REDIS_URL is required (SWARMGATE_REQUIRE_SERVICES=1)")
+    const env = {
+      REDIS_URL: redisUrl,
+      SWARMGATE_REDIS_PREFIX: prefix,
+      SWARMGATE_LEASE_MS: "1500",
+      SWARMGATE_SIM_SPEED: "1",
+      DATABASE_URL: `sqlite:${join(dir, "shared.db")}`,
+    }
+    // One after the other: the first runs the migrations.
+    a = await startServer(env)
+    b = await startServer(env)
+  }, 60_000)
+
+  afterAll(async () => {
+    await Promise.all([a?.stop(), b?.stop()])
+    rmSync(dir, { recursive: true, force: true })
+    if (redisUrl !== undefined) await Effect.runPromise(RedisStore.reset({ url: redisUrl, prefix }))
+  }, 30_000)
+
+  const clients = (key: string) =>
+    [a, b].map((server) => new OpenAI({ apiKey: key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 }))
+
+  const ask = async (client: OpenAI, model = "swarm-prime") => {
+    try {
+      await client.chat.completions.create({ model, messages: MESSAGES, max_tokens: 1 })
+      return "ok"
+    } catch (error) {
+      if (error instanceof OpenAI.APIError) return String(error.code)
+      throw error
+    }
+  }
+
+  const usageNow = async (server: RunningServer, accountId: string) =>
+    (
+      await server.admin<{ usage_now: { concurrency: number; queued: number } }>(
+        "GET",
+        `/accounts/${accountId}`,
+      )
+    ).body.usage_now
+
+  it("the per-minute limit holds for the pair", async () => {
+    const { key } = await createKey(a, { limits: { rpm: 4 } })
+    const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
+    const answers = await Promise.all([viaA, viaB, viaA, viaB, viaA, viaB, viaA, viaB].map((c) => ask(c)))
+    expect(answers.filter((x) => x === "ok")).toHaveLength(4)
+    expect(answers.filter((x) => x === "rate_limit_exceeded")).toHaveLength(4)
+  }, 30_000)
+
+  it("the daily quota holds for the pair", async () => {
+    const { key, accountId } = await createKey(a, { limits: { daily: 3 } })
+    const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
+    expect(await ask(viaA)).toBe("ok")
+    expect(await ask(viaB, "swarm-swift")).toBe("ok")
+    expect(await ask(viaA)).toBe("ok")
+    expect(await ask(viaB)).toBe("rate_limit_exceeded")
+    expect(await ask(viaA, "swarm-swift")).toBe("rate_limit_exceeded")
+    const seenFromB = await b.admin<{ usage_now: { daily_remaining: number } }>(
+      "GET",
+      `/accounts/${accountId}`,
+    )
+    expect(seenFromB.body.usage_now.daily_remaining).toBe(0)
+  }, 30_000)
+
+  it("the concurrency limit and its queue hold for the pair", async () => {
+    const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 1 } })
+    const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
+    const stream = await viaA.chat.completions.create({
+      model: "swarm-prime",
+      messages: LONG,
+      max_tokens: 2000,
+      stream: true,
+    })
+    await stream[Symbol.asyncIterator]().next()
+    // B's request waits in the account's queue for A's slot; a third finds the queue full.
+    const queued = ask(viaB)
+    let waiting = false
+    for (let i = 0; i < 100 && !waiting; i++) {
+      waiting = (await usageNow(b, accountId)).queued === 1
+      if (!waiting) await sleep(10)
+    }
+    expect(waiting).toBe(true)
+    expect(await ask(viaB)).toBe("concurrency_limit_exceeded")
+    expect(await ask(viaA)).toBe("concurrency_limit_exceeded")
+    stream.controller.abort()
+    expect(await queued).toBe("ok")
+    expect(await usageNow(a, accountId)).toMatchObject({ concurrency: 0, queued: 0 })
+  }, 30_000)
+
+  it("a killed instance's slot comes back within one lease", async () => {
+    const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 0 } })
+    const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
+    const stream = await viaA.chat.completions.create({
+      model: "swarm-prime",
+      messages: LONG,
+      max_tokens: 2000,
+      stream: true,
+    })
+    await stream[Symbol.asyncIterator]().next()
+    expect(await ask(viaB)).toBe("concurrency_limit_exceeded")
+    a.process.kill("SIGKILL")
+    const killedAt = Date.now()
+    stream.controller.abort()
+    while ((await usageNow(b, accountId)).concurrency !== 0) {
+      expect(Date.now() - killedAt).toBeLessThan(3_000)
+      await sleep(50)
+    }
+    expect(await ask(viaB)).toBe("ok")
+  }, 30_000)
+})

@@ -1,0 +1,218 @@
+import type { ServerResponse } from "node:http"
+import { describe, expect, it } from "@effect/vitest"
+import { type Account, ApiKeys, type Principal, Repository } from "@swarmgate/auth"
+import { Dispatcher, Presets, SimTransport } from "@swarmgate/dispatch"
+import { Database } from "@swarmgate/store"
+import { Effect, Exit, Layer, Scope, TestClock } from "effect"
+import { getAccount } from "../src/Admin"
+import * as Limits from "../src/Limits"
+
+const presets = Presets.defaultPresets()
+
+const account = (limits: Account["limits"]): Account => ({
+  id: "acct_test" as Account["id"],
+  name: "test",
+  status: "active",
+  paymentHold: false,
+  balanceMicros: 0,
+  monthlySpendLimitMicros: null,
+  limits,
+  createdAt: 0,
+})
+
+const principal = (limits: Account["limits"]) => ({ account: account(limits) }) as unknown as Principal
+
+const notStarted = () => ({ started: false })
+
+/** Collects what `setHeader` received, as a response not yet started. */
+const fakeResponse = () => {
+  const headers: Record<string, string> = {}
+  const res = {
+    headersSent: false,
+    setHeader: (name: string, value: string) => {
+      headers[name] = value
+    },
+    removeHeader: (name: string) => {
+      delete headers[name]
+    },
+  } as unknown as ServerResponse
+  return { res, headers }
+}
+
+describe("formatReset", () => {
+  it("writes durations the way OpenAI clients read them", () => {
+    expect(Limits.formatReset(0)).toBe("0ms")
+    expect(Limits.formatReset(17)).toBe("17ms")
+    expect(Limits.formatReset(1_000)).toBe("1s")
+    expect(Limits.formatReset(1_500)).toBe("1.5s")
+    expect(Limits.formatReset(61_500)).toBe("1m1.5s")
+    expect(Limits.formatReset(360_000)).toBe("6m0s")
+    expect(Limits.formatReset(3_600_000)).toBe("1h0m0s")
+    expect(Limits.formatReset(3_723_000)).toBe("1h2m3s")
+  })
+})
+
+describe("limitsFor", () => {
+  const config = { defaults: Limits.defaults, queueWaitMillis: 5_000 }
+
+  it("takes the account's own limits and the defaults for the rest", () => {
+    expect(Limits.limitsFor(account({ rpm: 5, concurrency: 1, queue: null }), config)).toEqual({
+      rates: [
+        { name: "rpm", limit: 5, periodMillis: 60_000 },
+        { name: "rph", limit: Limits.defaults.rph, periodMillis: 3_600_000 },
+      ],
+      quotas: [
+        { name: "daily", limit: Limits.defaults.daily, period: "day" },
+        { name: "weekly", limit: Limits.defaults.weekly, period: "week" },
+      ],
+      concurrency: { limit: 1, queue: Limits.defaults.queue, maxWaitMillis: 5_000 },
+    })
+  })
+
+  it("a default of none means no such limit; an account's 0 means nothing passes", () => {
+    const none = {
+      ...config,
+      defaults: { concurrency: null, queue: null, rpm: null, rph: null, daily: null, weekly: 7 },
+    }
+    expect(Limits.limitsFor(account({ rph: 0 }), none)).toEqual({
+      rates: [{ name: "rph", limit: 0, periodMillis: 3_600_000 }],
+      quotas: [{ name: "weekly", limit: 7, period: "week" }],
+      concurrency: undefined,
+    })
+  })
+})
+
+// Without the layer's periodic maintenance: under TestClock.setTime it would replay every period since 1970.
+const DispatcherNoNodes = Layer.sync(Dispatcher.Dispatcher, () => Dispatcher.make(presets, []))
+const DispatcherSim = Layer.sync(Dispatcher.Dispatcher, () =>
+  Dispatcher.make(
+    presets,
+    SimTransport.makeSimSwarm({ seed: 1, count: 2, speed: Number.POSITIVE_INFINITY }, presets),
+  ),
+)
+
+describe("admit", () => {
+  it.effect("sets the x-ratelimit headers of the limit closest to refusing", () =>
+    Effect.gen(function* () {
+      const { res, headers } = fakeResponse()
+      const scope = yield* Scope.make()
+      yield* Scope.extend(
+        Limits.admit(res, principal({ rpm: 10, rph: 3 }), "swarm-prime", notStarted()),
+        scope,
+      )
+      expect(headers).toEqual({
+        "x-ratelimit-limit-requests": "3",
+        "x-ratelimit-remaining-requests": "2",
+        "x-ratelimit-reset-requests": "20m0s",
+      })
+      // Refused later (never committed): the counts it did not use are not shown.
+      yield* Scope.close(scope, Exit.void)
+      expect(headers).toEqual({})
+      const ran = fakeResponse()
+      yield* Effect.scoped(
+        Effect.flatMap(
+          Limits.admit(ran.res, principal({ rpm: 10, rph: 3 }), "swarm-prime", notStarted()),
+          (p) => p.commit,
+        ),
+      )
+      expect(ran.headers["x-ratelimit-remaining-requests"]).toBe("2")
+    }).pipe(Effect.provide(Limits.layer().pipe(Layer.provide(DispatcherNoNodes)))),
+  )
+
+  it.effect("a request that started without passing through commitOnStart is still counted", () =>
+    Effect.gen(function* () {
+      const who = principal({ rpm: 2 })
+      const outcome = notStarted()
+      yield* Effect.scoped(
+        Effect.zipRight(
+          Limits.admit(fakeResponse().res, who, "swarm-prime", outcome),
+          Effect.sync(() => {
+            outcome.started = true
+          }),
+        ),
+      )
+      const again = fakeResponse()
+      yield* Effect.scoped(
+        Effect.tap(Limits.admit(again.res, who, "swarm-prime", notStarted()), () =>
+          // The first one counts: with this one in flight, none is left.
+          expect(again.headers["x-ratelimit-remaining-requests"]).toBe("0"),
+        ),
+      )
+    }).pipe(Effect.provide(Limits.layer().pipe(Layer.provide(DispatcherNoNodes)))),
+  )
+
+  it.effect("commits when dispatch hands over a run, not when it refuses", () =>
+    Effect.gen(function* () {
+      const run = (dispatcher: Layer.Layer<Dispatcher.Dispatcher>) =>
+        Effect.scoped(
+          Effect.gen(function* () {
+            const permit = yield* Limits.admit(
+              fakeResponse().res,
+              principal({ rpm: 5 }),
+              "swarm-prime",
+              notStarted(),
+            )
+            const dispatched = yield* Effect.scoped(
+              Effect.flatMap(Dispatcher.Dispatcher, (d) =>
+                d.run(presets[0]!, {
+                  requestId: "r",
+                  messages: [{ role: "user", content: "hi", images: [] }],
+                  maxTokens: 1,
+                  jsonMode: false,
+                  sampling: {},
+                }),
+              ).pipe(Limits.commitOnStart(permit), Effect.provide(dispatcher), Effect.either),
+            )
+            return { dispatched: dispatched._tag, committed: yield* permit.isCommitted }
+          }),
+        )
+      expect(yield* run(DispatcherNoNodes)).toEqual({ dispatched: "Left", committed: false })
+      expect(yield* run(DispatcherSim)).toEqual({ dispatched: "Right", committed: true })
+    }).pipe(Effect.provide(Limits.layer().pipe(Layer.provide(DispatcherNoNodes)))),
+  )
+})
+
+const AdminLayer = ApiKeys.layer().pipe(
+  Layer.provideMerge(Repository.layer),
+  Layer.provideMerge(Database.layer("sqlite::memory:")),
+)
+
+describe("GET /admin/v1/accounts/{id}", () => {
+  it.effect("shows usage_now where limits are admitted, per model for rates", () =>
+    Effect.gen(function* () {
+      yield* TestClock.setTime(Date.UTC(2026, 10, 18, 12))
+      const repo = yield* Repository.Repository
+      const created = yield* repo.createAccount({ name: "Acme", limits: { rpm: 2, daily: 5 } })
+      const permitScope = yield* Scope.make()
+      const permit = yield* Scope.extend(
+        Limits.admit(
+          fakeResponse().res,
+          { account: created } as unknown as Principal,
+          "swarm-swift",
+          notStarted(),
+        ),
+        permitScope,
+      )
+      yield* permit.commit
+      const view = yield* getAccount(created.id)
+      expect(view.usage_now).toEqual({
+        concurrency: 1,
+        queued: 0,
+        rpm_remaining: { "swarm-prime": 2, "swarm-swift": 1 },
+        rph_remaining: { "swarm-prime": 1_000, "swarm-swift": 999 },
+        daily_remaining: 4,
+        weekly_remaining: 49_999,
+      })
+      yield* Scope.close(permitScope, Exit.void)
+      expect((yield* getAccount(created.id)).usage_now?.concurrency).toBe(0)
+    }).pipe(Effect.provide(Layer.merge(AdminLayer, Limits.layer().pipe(Layer.provide(DispatcherNoNodes))))),
+  )
+
+  it.effect("has no usage_now without the limits service (the CLI)", () =>
+    Effect.gen(function* () {
+      const repo = yield* Repository.Repository
+      const created = yield* repo.createAccount({ name: "Acme" })
+      expect("usage_now" in (yield* getAccount(created.id))).toBe(false)
+    }).pipe(Effect.provide(AdminLayer)),
+  )
+})

@@ -1,0 +1,409 @@
+/**
+ * Admission: rate limits (GCRA) per subject and resource, calendar quotas and
+ * concurrency with a bounded FIFO queue per subject, and a bound on requests in
+ * flight per instance. A request is admitted into the caller's scope: its rate
+ * and quota units are only reserved until `permit.commit` charges them, and
+ * closing the scope releases the slot exactly once and drops reservations that
+ * were never committed — so a request refused later leaves no trace.
+ */
+import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
+import { Clock, Context, Effect, Either, Fiber, Layer, Random, type Scope } from "effect"
+import {
+  MICROS_PER_MILLI,
+  MICROS_PER_SECOND,
+  type QuotaPeriod,
+  type RateState,
+  rateParams,
+} from "./internal/Algorithm"
+import type { Normalized, Store, StoreUnavailable } from "./internal/Store"
+import * as MemoryStore from "./stores/Memory"
+import * as RedisStore from "./stores/Redis"
+
+// --- limits ------------------------------------------------------------------------
+
+/** At most `limit` requests per `periodMillis` on average, `burst` (default: `limit`) at once after a quiet period. */
+export interface RateLimit {
+  readonly name: string
+  readonly limit: number
+  readonly periodMillis: number
+  readonly burst?: number | undefined
+}
+
+/** At most `limit` requests per UTC calendar day, or per ISO week (from Monday 00:00 UTC). */
+export interface CalendarQuota {
+  readonly name: string
+  readonly limit: number
+  readonly period: QuotaPeriod
+}
+
+/** At most `limit` at once; up to `queue` more wait their turn in FIFO order, each for at most `maxWaitMillis`. */
+export interface ConcurrencyLimit {
+  readonly limit: number
+  readonly queue?: number | undefined
+  readonly maxWaitMillis?: number | undefined
+}
+
+/** An absent limit does not apply. */
+export interface Limits {
+  /** Per subject and resource. */
+  readonly rates?: ReadonlyArray<RateLimit> | undefined
+  /** Per subject. */
+  readonly quotas?: ReadonlyArray<CalendarQuota> | undefined
+  /** Per subject. */
+  readonly concurrency?: ConcurrencyLimit | undefined
+}
+
+export interface AdmitRequest {
+  /** Who is limited, e.g. an account id. */
+  readonly subject: string
+  /** What rate limits are counted per, e.g. a model id. */
+  readonly resource?: string | undefined
+  readonly limits: Limits
+}
+
+// --- results --------------------------------------------------------------------------
+
+export interface RateStatus {
+  readonly name: string
+  readonly limit: number
+  /** Requests that would be admitted now, one after the other. */
+  readonly remaining: number
+  /** Until the full burst is available again. */
+  readonly resetMillis: number
+}
+
+export interface QuotaStatus {
+  readonly name: string
+  readonly limit: number
+  readonly remaining: number
+  /** Until the period ends and the quota starts afresh. */
+  readonly resetMillis: number
+}
+
+export interface Permit {
+  /** The rate limits after this admission (for `x-ratelimit-*` headers). */
+  readonly rates: ReadonlyArray<RateStatus>
+  /**
+   * Charges the reserved rate and quota units: call it when the work really
+   * starts. Idempotent; without it, closing the scope refunds everything.
+   */
+  readonly commit: Effect.Effect<void>
+  readonly isCommitted: Effect.Effect<boolean>
+}
+
+export type Refusal = RateLimitExceeded | ConcurrencyLimitExceeded
+
+export type Admission =
+  | { readonly _tag: "Admitted"; readonly permit: Permit }
+  | { readonly _tag: "Refused"; readonly error: Refusal; readonly rates: ReadonlyArray<RateStatus> }
+
+export interface Usage {
+  readonly concurrency: number
+  readonly queued: number
+  /** By resource. */
+  readonly rates: ReadonlyMap<string, ReadonlyArray<RateStatus>>
+  readonly quotas: ReadonlyArray<QuotaStatus>
+}
+
+export interface QuotaShape {
+  /**
+   * Admits into the caller's scope, or refuses (leaving no trace). Fails with
+   * 503 `admission_unavailable` when the instance is at its in-flight bound or
+   * the store cannot answer (unless the failure policy is `open`).
+   */
+  readonly admit: (request: AdmitRequest) => Effect.Effect<Admission, AdmissionUnavailable, Scope.Scope>
+  /** The current state of `request`'s limits; rates are read for each of `resources`. */
+  readonly usage: (
+    request: AdmitRequest,
+    resources?: ReadonlyArray<string>,
+  ) => Effect.Effect<Usage, AdmissionUnavailable>
+  /** Requests admitted (or queued) by this instance and not yet released. */
+  readonly inFlight: Effect.Effect<number>
+}
+
+export class Quota extends Context.Tag("@swarmgate/quota/Quota")<Quota, QuotaShape>() {}
+
+/** Admits or fails with the refusal: what most callers want. */
+export const admit = (
+  request: AdmitRequest,
+): Effect.Effect<Permit, Refusal | AdmissionUnavailable, Quota | Scope.Scope> =>
+  Effect.flatMap(Quota, (quota) => quota.admit(request)).pipe(
+    Effect.flatMap((admission) =>
+      admission._tag === "Admitted" ? Effect.succeed(admission.permit) : Effect.fail(admission.error),
+    ),
+  )
+
+// --- options --------------------------------------------------------------------------
+
+export interface QuotaOptions {
+  /** Requests admitted or queued at once on this instance; beyond it 503 `admission_unavailable`. */
+  readonly maxInFlight?: number | undefined
+  /** Queue wait when the request does not say (`ConcurrencyLimit.maxWaitMillis`). */
+  readonly maxQueueWaitMillis?: number | undefined
+  /**
+   * When the store cannot answer: `closed` refuses with 503 `admission_unavailable`
+   * (the default), `open` admits without limits until the store is back.
+   */
+  readonly onStoreFailure?: "closed" | "open" | undefined
+}
+
+export const DEFAULT_MAX_QUEUE_WAIT_MILLIS = 10_000
+
+// --- the service --------------------------------------------------------------------
+
+const toMillis = (micros: number) => Math.max(0, Math.ceil(micros / MICROS_PER_MILLI))
+
+const rateStatus = (state: RateState): RateStatus => ({
+  name: state.name,
+  limit: state.limit,
+  remaining: state.remaining,
+  resetMillis: toMillis(state.resetMicros),
+})
+
+const isCount = (n: unknown): n is number => typeof n === "number" && Number.isSafeInteger(n) && n >= 0
+
+const invalid = (what: string): never => {
+  throw new RangeError(`@swarmgate/quota: ${what}`)
+}
+
+/** Limits in store units; a malformed limit is a programming error (a defect), not a refusal. */
+export const normalize = (request: AdmitRequest): Normalized => {
+  if (typeof request.subject !== "string" || request.subject.length === 0)
+    invalid("subject must be non-empty")
+  const names = new Set<string>()
+  const unique = (name: string) => {
+    if (typeof name !== "string" || name.length === 0 || names.has(name))
+      invalid(`duplicate or empty name '${name}'`)
+    names.add(name)
+  }
+  const rates = (request.limits.rates ?? []).map((rate) => {
+    unique(rate.name)
+    if (!isCount(rate.limit)) invalid(`rate ${rate.name}: limit must be a non-negative integer`)
+    if (!(rate.periodMillis > 0) || !Number.isFinite(rate.periodMillis))
+      invalid(`rate ${rate.name}: periodMillis must be positive`)
+    const burst = rate.burst ?? Math.max(1, rate.limit)
+    if (!isCount(burst) || burst < 1) invalid(`rate ${rate.name}: burst must be a positive integer`)
+    return rateParams(rate.name, rate.limit, rate.periodMillis, burst)
+  })
+  const quotas = (request.limits.quotas ?? []).map((quota) => {
+    unique(quota.name)
+    if (!isCount(quota.limit)) invalid(`quota ${quota.name}: limit must be a non-negative integer`)
+    if (quota.period !== "day" && quota.period !== "week")
+      invalid(`quota ${quota.name}: period must be day or week`)
+    return { name: quota.name, limit: quota.limit, period: quota.period }
+  })
+  const concurrency = request.limits.concurrency
+  if (concurrency !== undefined) {
+    if (!isCount(concurrency.limit)) invalid("concurrency limit must be a non-negative integer")
+    if (concurrency.queue !== undefined && !isCount(concurrency.queue))
+      invalid("queue must be a non-negative integer")
+  }
+  return {
+    subject: request.subject,
+    resource: request.resource ?? "",
+    rates,
+    quotas,
+    concurrency:
+      concurrency === undefined ? undefined : { limit: concurrency.limit, queue: concurrency.queue ?? 0 },
+  }
+}
+
+const retryAfterSeconds = (micros: number) => micros / MICROS_PER_SECOND
+
+const rateRefusal = (request: Normalized, limit: string, waitMicros: number) =>
+  new RateLimitExceeded({
+    message: `Rate limit reached (${limit}${request.resource ? ` for ${request.resource}` : ""}); retry after the indicated delay.`,
+    retryAfterSeconds: retryAfterSeconds(waitMicros),
+  })
+
+const concurrencyRefusal = (waitMicros: number) =>
+  new ConcurrencyLimitExceeded({
+    message: "Too many requests of this account are running at once; retry after the indicated delay.",
+    retryAfterSeconds: retryAfterSeconds(waitMicros),
+  })
+
+const instanceFull = new AdmissionUnavailable({
+  message: "This instance is at its limit of requests in flight; retry after the indicated delay.",
+  retryAfterSeconds: 1,
+})
+
+const storeDown = new AdmissionUnavailable({
+  message: "Admission is unavailable right now; retry after the indicated delay.",
+  retryAfterSeconds: 2,
+})
+
+const openPermit: Permit = { rates: [], commit: Effect.void, isCommitted: Effect.succeed(false) }
+
+const newPermitId = Effect.map(
+  Effect.all([Clock.currentTimeMillis, Random.nextInt, Random.nextInt]),
+  ([now, a, b]) => `${now.toString(36)}.${(a >>> 0).toString(36)}${(b >>> 0).toString(36)}`,
+)
+
+export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
+  Effect.sync(() => {
+    const maxInFlight = options.maxInFlight ?? Number.POSITIVE_INFINITY
+    const defaultWait = options.maxQueueWaitMillis ?? DEFAULT_MAX_QUEUE_WAIT_MILLIS
+    const failOpen = options.onStoreFailure === "open"
+    let inFlight = 0
+    let lastWarning = Number.NEGATIVE_INFINITY
+
+    // One line per 10 s is enough to see an outage; one per request would drown the log.
+    const warn = (what: string) => (error: StoreUnavailable) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        if (now - lastWarning < 10_000) return Effect.void
+        lastWarning = now
+        return Effect.logWarning(`quota store: ${what} failed (${error.reason})`)
+      })
+
+    const admitNormalized = (request: Normalized, maxWait: number) =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.gen(function* () {
+          if (inFlight >= maxInFlight) return yield* Effect.fail(instanceFull)
+          inFlight++
+          const permit = yield* newPermitId
+          const state = {
+            done: false,
+            committed: false,
+            commit: undefined as Fiber.RuntimeFiber<void> | undefined,
+          }
+          const finish = (stored: boolean) =>
+            Effect.suspend(() => {
+              if (state.done) return Effect.void
+              state.done = true
+              inFlight--
+              if (!stored) return Effect.void
+              const pendingCommit = state.commit === undefined ? Effect.void : Fiber.await(state.commit)
+              return pendingCommit.pipe(
+                Effect.zipRight(Effect.suspend(() => store.release(request, permit, state.committed))),
+                Effect.catchAll(warn("release")),
+              )
+            })
+
+          const first = yield* Effect.either(store.admit(request, permit))
+          if (Either.isLeft(first)) {
+            yield* warn("admit")(first.left)
+            if (!failOpen) {
+              yield* finish(false)
+              return yield* Effect.fail(storeDown)
+            }
+            yield* Effect.addFinalizer(() => finish(false))
+            return { _tag: "Admitted", permit: openPermit } satisfies Admission
+          }
+          const outcome = first.right
+          const rates = outcome.rates.map(rateStatus)
+          if (outcome._tag === "RateLimited" || outcome._tag === "ConcurrencyLimited") {
+            yield* finish(false)
+            const error =
+              outcome._tag === "RateLimited"
+                ? rateRefusal(request, outcome.limit, outcome.waitMicros)
+                : concurrencyRefusal(outcome.waitMicros)
+            return { _tag: "Refused", error, rates } satisfies Admission
+          }
+          yield* Effect.addFinalizer(() => finish(true))
+
+          if (outcome._tag === "Queued") {
+            const waited = yield* Effect.either(restore(store.awaitSlot(request, permit, maxWait)))
+            if (Either.isLeft(waited)) {
+              yield* warn("queue")(waited.left)
+              if (!failOpen) {
+                yield* finish(true)
+                return yield* Effect.fail(storeDown)
+              }
+            } else if (waited.right._tag === "TimedOut") {
+              yield* finish(true)
+              return {
+                _tag: "Refused",
+                error: concurrencyRefusal(waited.right.waitMicros),
+                rates,
+              } satisfies Admission
+            }
+          }
+
+          const lease = store.leaseMillis
+          if (lease !== undefined) {
+            yield* Effect.sleep(Math.max(1, Math.floor(lease / 3))).pipe(
+              Effect.zipRight(
+                Effect.suspend(() =>
+                  // Committed and without a slot, a permit holds nothing that could lapse.
+                  state.committed && request.concurrency === undefined
+                    ? Effect.void
+                    : store.renew(request, permit, state.committed),
+                ),
+              ),
+              Effect.catchAll(warn("renew")),
+              Effect.forever,
+              // Forked from an uninterruptible region: without this the scope could never stop it.
+              Effect.interruptible,
+              Effect.forkScoped,
+            )
+          }
+          const commit = Effect.suspend(() => {
+            if (state.committed || state.done) return Effect.void
+            state.committed = true
+            const charge = Effect.catchAll(store.commit(request, permit), warn("commit"))
+            if (!store.remote) return charge
+            // Forked so the first token is not held up by a round trip; the release waits for it.
+            return Effect.asVoid(
+              Effect.tap(Effect.forkDaemon(charge), (fiber) => {
+                state.commit = fiber
+              }),
+            )
+          })
+          return {
+            _tag: "Admitted",
+            permit: { rates, commit, isCommitted: Effect.sync(() => state.committed) },
+          } satisfies Admission
+        }),
+      )
+
+    const service: QuotaShape = {
+      admit: (request) =>
+        Effect.flatMap(
+          Effect.sync(() => normalize(request)),
+          (normalized) =>
+            admitNormalized(normalized, request.limits.concurrency?.maxWaitMillis ?? defaultWait),
+        ),
+      usage: (request, resources) =>
+        Effect.sync(() => normalize(request)).pipe(
+          Effect.flatMap((normalized) => store.usage(normalized, resources ?? [normalized.resource])),
+          Effect.map(
+            (usage): Usage => ({
+              concurrency: usage.concurrency,
+              queued: usage.queued,
+              rates: new Map(
+                [...usage.rates].map(([resource, states]) => [resource, states.map(rateStatus)]),
+              ),
+              quotas: usage.quotas.map((q) => ({
+                name: q.name,
+                limit: q.limit,
+                remaining: q.remaining,
+                resetMillis: toMillis(q.resetMicros),
+              })),
+            }),
+          ),
+          Effect.catchTag("StoreUnavailable", () => Effect.fail(storeDown)),
+        ),
+      inFlight: Effect.sync(() => inFlight),
+    }
+    return service
+  })
+
+// --- layers --------------------------------------------------------------------------
+
+export type MemoryOptions = QuotaOptions
+
+/** State in this process: exact for one instance; driven by `Clock`, so `TestClock` controls it. */
+export const layerMemory = (options: MemoryOptions = {}) =>
+  Layer.effect(
+    Quota,
+    Effect.flatMap(MemoryStore.make(), (store) => make(store, options)),
+  )
+
+export interface RedisOptions extends QuotaOptions, RedisStore.RedisStoreOptions {}
+
+/** State in Redis, shared by every instance that uses the same `url` and `prefix`. */
+export const layerRedis = (options: RedisOptions) =>
+  Layer.scoped(
+    Quota,
+    Effect.flatMap(RedisStore.make(options), (store) => make(store, options)),
+  )

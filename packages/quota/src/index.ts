@@ -1,0 +1,2 @@
+export * as Quota from "./Quota"
+export * as RedisStore from "./stores/Redis"

@@ -1,0 +1,180 @@
+/**
+ * One contract, two stores: memory (under TestClock) and a real Redis.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Fiber, TestClock } from "effect"
+import * as Quota from "../src/Quota"
+import * as RedisStore from "../src/stores/Redis"
+import { contract, expectAdmitted, expectRefused, failureOf, runOne, subject } from "./support/Contract"
+import {
+  deleteKeys,
+  expiryReport,
+  randomPrefix,
+  redisUrl,
+  requireRedis,
+  skipRedis,
+  warnIfSkipped,
+} from "./support/Redis"
+
+const yields = Effect.repeatN(Effect.yieldNow(), 20)
+
+describe("memory store", () => {
+  contract(
+    {
+      name: "memory",
+      layerWith: (options) => Quota.layerMemory(options),
+      advance: (millis) => TestClock.adjust(millis),
+      setTime: (millis) => TestClock.setTime(millis),
+      settle: yields,
+    },
+    (name, body) => it.effect(name, () => Effect.scoped(body()).pipe(Effect.provide(Quota.layerMemory()))),
+  )
+})
+
+warnIfSkipped("Redis store contract")
+
+describe.skipIf(skipRedis)("redis store", () => {
+  const url = redisUrl ?? ""
+  const prefix = randomPrefix("contract")
+  const layerWith = (options: Quota.QuotaOptions) =>
+    Quota.layerRedis({ ...options, url: requireRedis("redis store"), prefix, pollMillis: 10 })
+
+  beforeAll(() => {
+    requireRedis("redis store")
+  })
+
+  afterAll(async () => {
+    if (url) await deleteKeys(url, prefix)
+  })
+
+  contract(
+    {
+      name: "redis",
+      layerWith,
+      advance: (millis) => Effect.sleep(millis),
+      setTime: undefined,
+      settle: Effect.sleep(80),
+    },
+    (name, body) => it.live(name, () => Effect.scoped(body()).pipe(Effect.provide(layerWith({}))), 20_000),
+  )
+
+  it.live(
+    "a holder that stops renewing (a crashed instance) loses its slot and reservations within one lease",
+    () =>
+      Effect.gen(function* () {
+        // The raw store: nothing renews, as after a crash.
+        const store = yield* RedisStore.make({ url, prefix, leaseMillis: 400 })
+        const request = Quota.normalize({
+          subject: subject("crash"),
+          resource: "m",
+          limits: {
+            rates: [{ name: "rpm", limit: 1, periodMillis: 60_000 }],
+            concurrency: { limit: 1 },
+          },
+        })
+        expect((yield* store.admit(request, "crashed"))._tag).toBe("Admitted")
+        expect((yield* store.admit(request, "next"))._tag).toBe("RateLimited")
+        yield* Effect.sleep(500)
+        expect((yield* store.admit(request, "next"))._tag).toBe("Admitted")
+        const state = yield* store.usage(request, ["m"])
+        expect(state.concurrency).toBe(1)
+        expect(state.rates.get("m")?.[0]?.remaining).toBe(0)
+      }).pipe(Effect.scoped),
+  )
+
+  it.live("a running request renews its lease and keeps its slot", () =>
+    Effect.gen(function* () {
+      const request = { subject: subject("renew"), limits: { concurrency: { limit: 1 } } }
+      const layer = Quota.layerRedis({ url, prefix, leaseMillis: 300, pollMillis: 10 })
+      yield* Effect.gen(function* () {
+        const holder = yield* Effect.fork(Effect.scoped(Effect.zipRight(Quota.admit(request), Effect.never)))
+        yield* Effect.sleep(1_000)
+        expectRefused(yield* runOne(request), "ConcurrencyLimitExceeded")
+        yield* Fiber.interrupt(holder)
+        expectAdmitted(yield* runOne(request))
+      }).pipe(Effect.provide(layer))
+    }),
+  )
+
+  it.live("every key expires; an idle limiter leaves only its small bookkeeping behind", () =>
+    Effect.gen(function* () {
+      const own = randomPrefix("expiry")
+      const request = {
+        subject: subject("expiry"),
+        resource: "m",
+        limits: {
+          rates: [{ name: "fast", limit: 10, periodMillis: 1_000 }],
+          quotas: [{ name: "daily", limit: 100, period: "day" as const }],
+          concurrency: { limit: 2, queue: 2 },
+        },
+      }
+      yield* Effect.gen(function* () {
+        for (let i = 0; i < 5; i++) expectAdmitted(yield* runOne(request))
+        expectAdmitted(yield* Effect.scoped(Effect.flatMap(Quota.Quota, (q) => q.admit(request))))
+      }).pipe(Effect.provide(Quota.layerRedis({ url, prefix: own })))
+      const busy = yield* Effect.promise(() => expiryReport(url, own))
+      expect(busy.forever).toEqual([])
+      expect(busy.keys.map((k) => k.slice(k.indexOf("}") + 1)).sort()).toEqual([":m", ":q", ":r:m"])
+      yield* Effect.sleep(1_700)
+      const idle = yield* Effect.promise(() => expiryReport(url, own))
+      expect(idle.forever).toEqual([])
+      // The day's count and the hold-time average stay (with their expiry); rates, slots and reservations are gone.
+      expect(idle.keys.map((k) => k.slice(k.indexOf("}") + 1)).sort()).toEqual([":m", ":q"])
+      yield* Effect.promise(() => deleteKeys(url, own))
+    }),
+  )
+
+  it.live("numbers survive the Lua round trip exactly (microsecond times near 2^51)", () =>
+    Effect.gen(function* () {
+      const request = {
+        subject: subject("exact"),
+        resource: "m",
+        limits: { rates: [{ name: "r", limit: 7, periodMillis: 3_600_000, burst: 2 }] },
+      }
+      yield* Effect.gen(function* () {
+        expectAdmitted(yield* runOne(request))
+        expectAdmitted(yield* runOne(request))
+        const refused = expectRefused(yield* runOne(request), "RateLimitExceeded")
+        // 3600 s / 7 rounded up to the microsecond, minus the little time that passed.
+        expect(refused.error.retryAfter).toBe(515)
+        expect(refused.rates[0]?.resetMillis).toBeGreaterThan(1_028_000)
+        expect(refused.rates[0]?.resetMillis).toBeLessThanOrEqual(1_028_572)
+      }).pipe(Effect.provide(layerWith({})))
+    }),
+  )
+})
+
+describe("when the store is unreachable", () => {
+  const down = { url: "redis://127.0.0.1:1", prefix: "unreachable:", commandTimeoutMillis: 200 }
+  const request = {
+    subject: "acct",
+    resource: "m",
+    limits: { rates: [{ name: "rpm", limit: 1, periodMillis: 60_000 }] },
+  }
+
+  it.live("fails closed by default: 503 admission_unavailable, and nothing stays in flight", () =>
+    Effect.gen(function* () {
+      const q = yield* Quota.Quota
+      const exit = yield* Effect.exit(Effect.scoped(q.admit(request)))
+      expect(Exit.isFailure(exit)).toBe(true)
+      expect(failureOf(exit)).toMatchObject({
+        _tag: "AdmissionUnavailable",
+        status: 503,
+        code: "admission_unavailable",
+      })
+      expect((failureOf(exit) as { retryAfter: number }).retryAfter).toBeLessThanOrEqual(60)
+      expect(yield* q.inFlight).toBe(0)
+    }).pipe(Effect.provide(Quota.layerRedis(down))),
+  )
+
+  it.live("fails open when configured: admitted without limits", () =>
+    Effect.gen(function* () {
+      const q = yield* Quota.Quota
+      for (let i = 0; i < 3; i++) {
+        const admission = yield* Effect.scoped(q.admit(request))
+        expect(admission._tag).toBe("Admitted")
+      }
+      expect(yield* q.inFlight).toBe(0)
+    }).pipe(Effect.provide(Quota.layerRedis({ ...down, onStoreFailure: "open" }))),
+  )
+})
