@@ -1,0 +1,432 @@
+/**
+ * Holds, settlement and spend for one gateway instance. Balances, open holds
+ * and spend figures live in memory (checked and updated synchronously, so
+ * concurrent requests cannot jointly overspend); the SQL ledger is the durable
+ * truth. Settled charges are written in batches (group commit), never on the
+ * request's critical path; the book is rebuilt from the ledger at start.
+ *
+ * A crash loses the open holds (nothing was charged for them: the money is
+ * simply available again) and the charges not yet committed (under-charge,
+ * never over-charge).
+ */
+import { SqlClient, type SqlError } from "@effect/sql"
+import {
+  AccountSpendLimitReached,
+  BillingLimitExceeded,
+  InsufficientQuota,
+  PaymentHold,
+} from "@swarmgate/protocol"
+import { Clock, Config, type ConfigError, Context, Data, Effect, Layer, type Scope } from "effect"
+import { Book, type Hold, type HoldRequest, type Refusal, startOfUtcMonth } from "./internal/Book"
+import * as Ledger from "./Ledger"
+import { costMicros, fromConfig, type PriceTable } from "./Prices"
+
+export type { Hold } from "./internal/Book"
+export type { UsageOutcome } from "./Ledger"
+
+export type ReserveRefusal = InsufficientQuota | PaymentHold | AccountSpendLimitReached | BillingLimitExceeded
+
+/** The ledger could not be read or written; the gateway answers 503 for a reservation that needs it. */
+export class BillingUnavailable extends Data.TaggedError("BillingUnavailable")<{
+  readonly reason: string
+  readonly cause?: unknown
+}> {}
+
+export interface ReserveInput extends HoldRequest {
+  /** The request's effective completion cap: the hold prices promptTokens + maxTokens. */
+  readonly maxTokens: number
+  /** An unsettled hold expires (and its money returns) this long after it was placed. */
+  readonly ttlMillis: number
+}
+
+export interface Settlement {
+  readonly completionTokens: number
+  readonly outcome: Ledger.UsageOutcome
+}
+
+export interface AccountMoney {
+  /** Credits − charges − open holds: what new requests may still hold. */
+  readonly availableMicros: number
+  readonly heldMicros: number
+  readonly spentMonthMicros: number
+}
+
+export interface BillingShape {
+  readonly prices: PriceTable
+  /** The worst-case cost of a request: its prompt plus its whole completion cap. */
+  readonly holdAmount: (model: string, promptTokens: number, maxTokens: number) => number
+  /** Places a hold, or refuses with the wire error of the first limit it would break. */
+  readonly reserve: (input: ReserveInput) => Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>
+  /**
+   * Charges what ran (capped at the hold) and queues its usage record. Exactly
+   * once per request id: later calls, or a call after void/expiry, do nothing
+   * and return undefined. Uninterruptible; never touches the disk.
+   */
+  readonly settle: (requestId: string, settlement: Settlement) => Effect.Effect<Ledger.UsageEntry | undefined>
+  /** Drops the hold without a charge or a record (refused before generation). */
+  readonly void: (requestId: string) => Effect.Effect<boolean>
+  /** Voids the holds past their expiry now (also done every `sweepMillis`); returns how many. */
+  readonly expire: Effect.Effect<number>
+  /** Re-reads committed balances after credits made elsewhere (admin API, CLI). */
+  readonly refresh: (accountIds: ReadonlyArray<string>) => Effect.Effect<void, BillingUnavailable>
+  readonly accountMoney: (
+    accountIds: ReadonlyArray<string>,
+  ) => Effect.Effect<ReadonlyMap<string, AccountMoney>, BillingUnavailable>
+  /** All-time spend per key, charges not yet written included. */
+  readonly keySpent: (
+    keyIds: ReadonlyArray<string>,
+  ) => Effect.Effect<ReadonlyMap<string, number>, BillingUnavailable>
+  /** Writes every queued charge now. */
+  readonly flush: Effect.Effect<void, BillingUnavailable>
+  /** Open holds and queued charges, for tests and operators. */
+  readonly pending: Effect.Effect<{ readonly holds: number; readonly unwritten: number }>
+}
+
+export class Billing extends Context.Tag("@swarmgate/billing/Billing")<Billing, BillingShape>() {}
+
+export interface BillingOptions {
+  readonly prices: PriceTable
+  /** Longest wait before a settled charge is written (group-commit window). */
+  readonly flushMillis?: number | undefined
+  /** A batch this large is written at once. */
+  readonly batchMax?: number | undefined
+  /** Least time between two balance reads triggered by refusals of the same account. */
+  readonly refreshMillis?: number | undefined
+  /** How often expired holds are swept. */
+  readonly sweepMillis?: number | undefined
+  /** At shutdown, how long to wait for open holds to settle before the last write. */
+  readonly shutdownWaitMillis?: number | undefined
+}
+
+export const defaults = {
+  flushMillis: 50,
+  batchMax: 500,
+  refreshMillis: 1_000,
+  sweepMillis: 5_000,
+  shutdownWaitMillis: 2_000,
+}
+
+/** The wire error of a refusal by the book (memory or Redis). */
+export const refusalError = (refusal: Refusal): ReserveRefusal => {
+  switch (refusal) {
+    case "insufficient_balance":
+      return new InsufficientQuota({
+        message:
+          "The account balance does not cover this request's maximum cost. Add credit or lower max_tokens.",
+      })
+    case "payment_hold":
+      return new PaymentHold({
+        message: "The usable balance is spent and the remaining credit is on hold after a payment dispute.",
+      })
+    case "account_spend_limit":
+      return new AccountSpendLimitReached({
+        message: "The account's monthly spend limit would be exceeded by this request.",
+      })
+    case "key_spend_limit":
+      return new BillingLimitExceeded({
+        message: "This key's spend limit would be exceeded by this request.",
+      })
+  }
+}
+
+const unavailable = (reason: string) => (cause: SqlError.SqlError) =>
+  new BillingUnavailable({ reason, cause })
+
+/** Pure timer, not the Effect clock: shutdown waits in real time even under TestClock. */
+const sleepReal = (millis: number) => Effect.promise(() => new Promise((r) => setTimeout(r, millis)))
+
+export const make = (
+  options: BillingOptions,
+): Effect.Effect<BillingShape, SqlError.SqlError, SqlClient.SqlClient | Scope.Scope> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const withSql = Effect.provideService(SqlClient.SqlClient, sql)
+    const flushMillis = options.flushMillis ?? defaults.flushMillis
+    const batchMax = options.batchMax ?? defaults.batchMax
+    const refreshMillis = options.refreshMillis ?? defaults.refreshMillis
+    const sweepMillis = options.sweepMillis ?? defaults.sweepMillis
+    const shutdownWaitMillis = options.shutdownWaitMillis ?? defaults.shutdownWaitMillis
+    const prices = options.prices
+    const book = new Book()
+    // One writer or balance reader at a time: a balance read never overlaps a commit,
+    // so `SQL balance − unwritten` is exact.
+    const lock = yield* Effect.makeSemaphore(1)
+    const queue: Array<Ledger.UsageEntry> = []
+    const wake = yield* Effect.makeLatch(false)
+    const full = yield* Effect.makeLatch(false)
+
+    const priceOf = (model: string) => {
+      const price = prices.get(model)
+      if (price === undefined) throw new Error(`no price for model ${model}`)
+      return price
+    }
+
+    const install = (
+      accounts: ReadonlyArray<Ledger.LoadedAccount>,
+      keys: ReadonlyMap<string, number>,
+      now: number,
+    ) => {
+      for (const a of accounts) book.addAccount(a.id, a.balanceMicros, a.spentMonthMicros, now)
+      for (const [id, spent] of keys) book.addKey(id, spent)
+    }
+
+    // Rebuild from the ledger.
+    yield* Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      const accounts = yield* Ledger.loadAccounts("all", startOfUtcMonth(now))
+      const keys = yield* Ledger.loadKeys("all")
+      install(accounts, keys, now)
+    }).pipe(withSql)
+
+    /** Loads what the book lacks; under the lock, so a load never races a commit or another load. */
+    const ensure = (accountIds: ReadonlyArray<string>, keyIds: ReadonlyArray<string>) => {
+      const missingAccounts = () => accountIds.filter((id) => !book.accounts.has(id))
+      const missingKeys = () => keyIds.filter((id) => !book.keys.has(id))
+      if (missingAccounts().length === 0 && missingKeys().length === 0) return Effect.void
+      return lock.withPermits(1)(
+        Effect.gen(function* () {
+          const now = yield* Clock.currentTimeMillis
+          const accounts = missingAccounts()
+          const keys = missingKeys()
+          const loadedAccounts =
+            accounts.length > 0 ? yield* Ledger.loadAccounts(accounts, startOfUtcMonth(now)) : []
+          const loadedKeys = keys.length > 0 ? yield* Ledger.loadKeys(keys) : new Map<string, number>()
+          install(loadedAccounts, loadedKeys, now)
+        }).pipe(withSql, Effect.mapError(unavailable("could not load balances"))),
+      )
+    }
+
+    const refreshNow = (accountIds: ReadonlyArray<string>) =>
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          const balances = yield* Ledger.readBalances(accountIds)
+          const now = yield* Clock.currentTimeMillis
+          for (const [id, balance] of balances) book.refresh(id, balance, now)
+        }).pipe(withSql, Effect.mapError(unavailable("could not read balances"))),
+      )
+
+    const holdAmount = (model: string, promptTokens: number, maxTokens: number) =>
+      costMicros(priceOf(model), promptTokens, maxTokens)
+
+    const reserve = (input: ReserveInput) =>
+      Effect.gen(function* () {
+        yield* ensure([input.accountId], [input.keyId])
+        const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
+        const now = yield* Clock.currentTimeMillis
+        let result = book.reserve(input, amount, now, input.ttlMillis)
+        if (result === "insufficient_balance" || result === "payment_hold") {
+          // Credit may have arrived from another process (the CLI): look once, at most every refreshMillis.
+          const account = book.accounts.get(input.accountId)!
+          if (now - account.checkedAt >= refreshMillis) {
+            account.checkedAt = now
+            yield* refreshNow([input.accountId])
+            result = book.reserve(input, amount, yield* Clock.currentTimeMillis, input.ttlMillis)
+          }
+        }
+        if (typeof result === "string") return yield* Effect.fail(refusalError(result))
+        return result
+      })
+
+    const enqueue = (entry: Ledger.UsageEntry) => {
+      queue.push(entry)
+      if (queue.length === 1) wake.unsafeOpen()
+      if (queue.length >= batchMax) full.unsafeOpen()
+    }
+
+    const settle = (requestId: string, settlement: Settlement) =>
+      Effect.uninterruptible(
+        Effect.map(Clock.currentTimeMillis, (now) => {
+          const hold = book.holds.get(requestId)
+          if (hold === undefined) return undefined
+          const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
+          const charge = book.settle(requestId, cost, now)!
+          const entry: Ledger.UsageEntry = {
+            requestId,
+            accountId: hold.accountId,
+            keyId: hold.keyId,
+            model: hold.model,
+            promptTokens: hold.promptTokens,
+            completionTokens: settlement.completionTokens,
+            costMicros: charge.chargedMicros,
+            holdMicros: hold.amountMicros,
+            outcome: settlement.outcome,
+            startedAt: hold.createdAt,
+            createdAt: now,
+          }
+          enqueue(entry)
+          return entry
+        }),
+      )
+
+    const voidHold = (requestId: string) => Effect.sync(() => book.void(requestId) !== undefined)
+
+    const expire = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.suspend(() => {
+        const expired = book.expire(now)
+        return expired.length === 0
+          ? Effect.succeed(0)
+          : Effect.as(
+              Effect.logWarning(
+                `billing: ${expired.length} hold(s) expired unsettled; their money is released`,
+              ),
+              expired.length,
+            )
+      }),
+    )
+
+    /** Writes what is queued (up to batchMax); a failed batch goes back to the front of the queue. */
+    const writeQueued = Effect.uninterruptible(
+      lock.withPermits(1)(
+        Effect.gen(function* () {
+          wake.unsafeClose()
+          full.unsafeClose()
+          const batch = queue.splice(0, batchMax)
+          if (queue.length > 0) wake.unsafeOpen()
+          if (queue.length >= batchMax) full.unsafeOpen()
+          if (batch.length === 0) return
+          const done = (entries: ReadonlyArray<Ledger.UsageEntry>) => {
+            for (const e of entries) book.written(e.accountId, e.costMicros)
+          }
+          const batched = yield* Effect.either(Ledger.writeBatch(batch))
+          if (batched._tag === "Right") return done(batch)
+          // One bad entry (e.g. already written) must not block the others: retry them one by one.
+          const failed: Array<Ledger.UsageEntry> = []
+          let cause: unknown
+          for (const entry of batch) {
+            const one = yield* Effect.either(Ledger.writeOne(entry))
+            if (one._tag === "Right") done([entry])
+            else {
+              failed.push(entry)
+              cause = one.left
+            }
+          }
+          if (failed.length > 0) {
+            queue.unshift(...failed)
+            wake.unsafeOpen()
+            return yield* Effect.fail(
+              new BillingUnavailable({ reason: `${failed.length} charge(s) could not be written`, cause }),
+            )
+          }
+        }).pipe(withSql),
+      ),
+    )
+
+    const flush: Effect.Effect<void, BillingUnavailable> = Effect.suspend(() =>
+      queue.length === 0 ? Effect.void : Effect.zipRight(writeQueued, flush),
+    )
+
+    const flusher = Effect.gen(function* () {
+      yield* wake.await
+      yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
+      yield* writeQueued.pipe(
+        Effect.catchAll((e) =>
+          Effect.zipRight(
+            Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
+            Effect.sleep(1_000),
+          ),
+        ),
+      )
+    }).pipe(Effect.forever)
+
+    const sweeper = Effect.zipRight(Effect.sleep(sweepMillis), expire).pipe(Effect.forever)
+
+    yield* Effect.forkScoped(flusher)
+    yield* Effect.forkScoped(sweeper)
+
+    // Runs first at shutdown: requests interrupted by the server closing settle within moments;
+    // wait for them briefly, then write everything.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        for (let waited = 0; book.holds.size > 0 && waited < shutdownWaitMillis; waited += 20)
+          yield* sleepReal(20)
+        for (let attempt = 0; attempt < 3 && queue.length > 0; attempt++) {
+          const result = yield* Effect.either(flush)
+          if (result._tag === "Left") {
+            yield* Effect.logError(`billing: final ledger write failed: ${result.left.reason}`)
+            yield* sleepReal(200)
+          }
+        }
+        if (queue.length > 0) {
+          yield* Effect.logError(`billing: ${queue.length} charge(s) were not written (under-charged)`)
+        }
+      }),
+    )
+
+    const money = (id: string, now: number): AccountMoney | undefined => {
+      const account = book.account(id, now)
+      if (account === undefined) return undefined
+      return {
+        availableMicros: account.balance - account.held,
+        heldMicros: account.held,
+        spentMonthMicros: account.spentMonth,
+      }
+    }
+
+    const service: BillingShape = {
+      prices,
+      holdAmount,
+      reserve,
+      settle,
+      void: voidHold,
+      expire,
+      refresh: (accountIds) => {
+        const loaded = accountIds.filter((id) => book.accounts.has(id))
+        return loaded.length === 0 ? Effect.void : refreshNow(loaded)
+      },
+      accountMoney: (accountIds) =>
+        Effect.gen(function* () {
+          const loaded = accountIds.filter((id) => book.accounts.has(id))
+          yield* ensure(accountIds, [])
+          if (loaded.length > 0) yield* refreshNow(loaded)
+          const now = yield* Clock.currentTimeMillis
+          const result = new Map<string, AccountMoney>()
+          for (const id of accountIds) {
+            const m = money(id, now)
+            if (m !== undefined) result.set(id, m)
+          }
+          return result
+        }),
+      keySpent: (keyIds) =>
+        Effect.map(ensure([], keyIds), () => {
+          const result = new Map<string, number>()
+          for (const id of keyIds) {
+            const key = book.keys.get(id)
+            if (key !== undefined) result.set(id, key.spent)
+          }
+          return result
+        }),
+      flush,
+      pending: Effect.sync(() => ({ holds: book.holds.size, unwritten: queue.length })),
+    }
+    return service
+  })
+
+/** The billing service over the `SqlClient` in context. */
+export const layer = (
+  options: BillingOptions,
+): Layer.Layer<Billing, SqlError.SqlError, SqlClient.SqlClient> => Layer.scoped(Billing, make(options))
+
+/**
+ * Options from the environment: prices (`SWARMGATE_PRICES` / `SWARMGATE_PRICES_FILE`)
+ * for `modelIds`, and the group-commit window and batch size.
+ */
+export const config = (
+  modelIds: ReadonlyArray<string>,
+): Effect.Effect<BillingOptions, ConfigError.ConfigError> =>
+  Effect.all({
+    prices: fromConfig(modelIds),
+    flushMillis: Config.integer("SWARMGATE_LEDGER_FLUSH_MS").pipe(
+      Config.validate({ message: "must be 1-1000", validation: (n) => n >= 1 && n <= 1_000 }),
+      Config.withDefault(defaults.flushMillis),
+    ),
+    batchMax: Config.integer("SWARMGATE_LEDGER_BATCH").pipe(
+      Config.validate({ message: "must be 1-10000", validation: (n) => n >= 1 && n <= 10_000 }),
+      Config.withDefault(defaults.batchMax),
+    ),
+  })
+
+/** `layer` with options from `config`. */
+export const layerConfig = (
+  modelIds: ReadonlyArray<string>,
+): Layer.Layer<Billing, SqlError.SqlError | ConfigError.ConfigError, SqlClient.SqlClient> =>
+  Layer.scoped(Billing, Effect.flatMap(config(modelIds), make))

@@ -1,0 +1,181 @@
+/**
+ * The SQL ledger (SQLite or PostgreSQL, same statements): append-only usage
+ * records and balance movements, and the reads that rebuild the in-memory
+ * book. Every charge is one usage record, one `charge` movement with the id
+ * `chg_<request id>` and its share of one balance update, all in the same
+ * transaction; the request id is the primary key of both rows, so a charge
+ * can never be written twice.
+ */
+import { SqlClient, type SqlError } from "@effect/sql"
+import { Database } from "@swarmgate/store"
+import { Effect } from "effect"
+
+const toNumber = Database.toNumber
+
+export type UsageOutcome = "completed" | "upstream_error" | "upstream_timeout" | "client_disconnected"
+
+/** One settled request, as it goes into the ledger. */
+export interface UsageEntry {
+  readonly requestId: string
+  readonly accountId: string
+  readonly keyId: string
+  readonly model: string
+  readonly promptTokens: number
+  readonly completionTokens: number
+  readonly costMicros: number
+  /** The hold it was settled against (not stored: the cost never exceeds it). */
+  readonly holdMicros: number
+  readonly outcome: UsageOutcome
+  readonly startedAt: number
+  readonly createdAt: number
+}
+
+export const chargeId = (requestId: string) => `chg_${requestId}`
+
+/** Rows per multi-row INSERT: 10 parameters each stays far below SQLite's and PostgreSQL's limits. */
+const ROWS_PER_STATEMENT = 200
+
+const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
+  const out: Array<ReadonlyArray<A>> = []
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
+  return out
+}
+
+const usageRow = (e: UsageEntry) => ({
+  request_id: e.requestId,
+  account_id: e.accountId,
+  key_id: e.keyId,
+  model: e.model,
+  prompt_tokens: e.promptTokens,
+  completion_tokens: e.completionTokens,
+  cost_micros: e.costMicros,
+  outcome: e.outcome,
+  started_at: e.startedAt,
+  created_at: e.createdAt,
+})
+
+const chargeRow = (e: UsageEntry) => ({
+  id: chargeId(e.requestId),
+  account_id: e.accountId,
+  kind: "charge",
+  amount_micros: e.costMicros,
+  request_id: e.requestId,
+  created_at: e.createdAt,
+})
+
+const totalsByAccount = (entries: ReadonlyArray<UsageEntry>) => {
+  const totals = new Map<string, number>()
+  for (const e of entries) totals.set(e.accountId, (totals.get(e.accountId) ?? 0) + e.costMicros)
+  return totals
+}
+
+/** Appends a batch in one transaction (group commit). Fails as a whole, e.g. on a request id already present. */
+export const writeBatch = (
+  entries: ReadonlyArray<UsageEntry>,
+): Effect.Effect<void, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql.withTransaction(
+      Effect.gen(function* () {
+        for (const chunk of chunks(entries, ROWS_PER_STATEMENT)) {
+          yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
+          yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
+        }
+        for (const [accountId, total] of totalsByAccount(entries)) {
+          yield* sql`UPDATE accounts SET balance_micros = balance_micros - ${total} WHERE id = ${accountId}`
+        }
+      }),
+    ),
+  )
+
+/**
+ * Appends one entry in its own transaction; `false` when its request id is
+ * already in the ledger (a batch that committed but whose answer was lost).
+ */
+export const writeOne = (entry: UsageEntry): Effect.Effect<boolean, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.flatMap(SqlClient.SqlClient, (sql) =>
+    sql.withTransaction(
+      Effect.gen(function* () {
+        const seen = yield* sql`SELECT request_id FROM usage_records WHERE request_id = ${entry.requestId}`
+        if (seen.length > 0) return false
+        yield* sql`INSERT INTO usage_records ${sql.insert(usageRow(entry))}`
+        yield* sql`INSERT INTO balance_movements ${sql.insert(chargeRow(entry))}`
+        yield* sql`UPDATE accounts SET balance_micros = balance_micros - ${entry.costMicros} WHERE id = ${entry.accountId}`
+        return true
+      }),
+    ),
+  )
+
+export interface LoadedAccount {
+  readonly id: string
+  readonly balanceMicros: number
+  readonly spentMonthMicros: number
+}
+
+/** Balances and the spend since `monthStart`, for the given accounts or all of them. */
+export const loadAccounts = (
+  ids: ReadonlyArray<string> | "all",
+  monthStart: number,
+): Effect.Effect<ReadonlyArray<LoadedAccount>, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const balances: Array<{ id: string; balance_micros: number | string }> = []
+    const spent = new Map<string, number>()
+    const batches = ids === "all" ? [undefined] : chunks(ids, ROWS_PER_STATEMENT)
+    for (const batch of batches) {
+      if (batch !== undefined && batch.length === 0) continue
+      const where = batch === undefined ? sql`1 = 1` : sql.in("id", batch)
+      const whereUsage = batch === undefined ? sql`1 = 1` : sql.in("account_id", batch)
+      balances.push(
+        ...(yield* sql<{ id: string; balance_micros: number | string }>`
+          SELECT id, balance_micros FROM accounts WHERE ${where}`),
+      )
+      const rows = yield* sql<{ account_id: string; spent: number | string }>`
+        SELECT account_id, SUM(cost_micros) AS spent FROM usage_records
+        WHERE ${whereUsage} AND created_at >= ${monthStart} GROUP BY account_id`
+      for (const row of rows) spent.set(row.account_id, toNumber(row.spent))
+    }
+    return balances.map((row) => ({
+      id: row.id,
+      balanceMicros: toNumber(row.balance_micros),
+      spentMonthMicros: spent.get(row.id) ?? 0,
+    }))
+  })
+
+/** All-time spend of the given keys (or of every key). Keys without usage spent 0. */
+export const loadKeys = (
+  ids: ReadonlyArray<string> | "all",
+): Effect.Effect<ReadonlyMap<string, number>, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const spent = new Map<string, number>()
+    if (ids === "all") {
+      for (const row of yield* sql<{ id: string }>`SELECT id FROM api_keys`) spent.set(row.id, 0)
+      const rows = yield* sql<{ key_id: string; spent: number | string }>`
+        SELECT key_id, SUM(cost_micros) AS spent FROM usage_records GROUP BY key_id`
+      for (const row of rows) spent.set(row.key_id, toNumber(row.spent))
+      return spent
+    }
+    for (const batch of chunks(ids, ROWS_PER_STATEMENT)) {
+      for (const id of batch) spent.set(id, 0)
+      const rows = yield* sql<{ key_id: string; spent: number | string }>`
+        SELECT key_id, SUM(cost_micros) AS spent FROM usage_records
+        WHERE ${sql.in("key_id", batch)} GROUP BY key_id`
+      for (const row of rows) spent.set(row.key_id, toNumber(row.spent))
+    }
+    return spent
+  })
+
+/** Committed balances (credits − written charges) of existing accounts. */
+export const readBalances = (
+  ids: ReadonlyArray<string>,
+): Effect.Effect<ReadonlyMap<string, number>, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const balances = new Map<string, number>()
+    for (const batch of chunks(ids, ROWS_PER_STATEMENT)) {
+      const rows = yield* sql<{ id: string; balance_micros: number | string }>`
+        SELECT id, balance_micros FROM accounts WHERE ${sql.in("id", batch)}`
+      for (const row of rows) balances.set(row.id, toNumber(row.balance_micros))
+    }
+    return balances
+  })

@@ -1,0 +1,582 @@
+/**
+ * The billing service for many instances: the book (balances, open holds,
+ * month and key spend) lives in Redis, where every check-and-update is one
+ * atomic script, so instances sharing a Redis can never jointly overspend.
+ * The SQL ledger stays the durable truth, written in batches as by the memory
+ * service.
+ *
+ * What differs from one instance with the book in memory:
+ * - Holds are leases: the instance renews its open holds every third of
+ *   `leaseMillis`; when it dies they stop being renewed and any instance's
+ *   sweep returns their money within one lease.
+ * - Settled charges wait in a Redis queue, not in the process: any instance's
+ *   writer claims a batch, writes it and acknowledges it. A writer that dies
+ *   mid-batch loses its claim after `claimMillis` and another writes the
+ *   batch; the request id as primary key keeps that exactly once.
+ * - Credits made elsewhere (admin API on another instance, the CLI) are found
+ *   by comparing the ledger's all-time credits with the credits the book has
+ *   seen: credits only grow, so that needs no coordination with writers.
+ * - The book is seeded from the ledger per account and key, only where Redis
+ *   has nothing yet, so instances starting together agree on the first seed.
+ */
+import { SqlClient, type SqlError } from "@effect/sql"
+import { Database } from "@swarmgate/store"
+import { Clock, type ConfigError, Effect, Layer, type Redacted, type Scope } from "effect"
+import type { Redis } from "ioredis"
+import {
+  type AccountMoney,
+  Billing,
+  type BillingOptions,
+  type BillingShape,
+  BillingUnavailable,
+  config as billingConfig,
+  defaults,
+  type ReserveInput,
+  refusalError,
+  type Settlement,
+} from "./Billing"
+import type { Hold, Refusal } from "./internal/Book"
+import { startOfUtcMonth } from "./internal/Book"
+import * as R from "./internal/Redis"
+import * as Scripts from "./internal/RedisScripts"
+import * as Ledger from "./Ledger"
+import { costMicros } from "./Prices"
+
+export interface RedisBillingOptions extends BillingOptions {
+  readonly url: string | Redacted.Redacted
+  /** Prepended to every key; instances that share money use the same prefix. */
+  readonly prefix?: string | undefined
+  /** An open hold survives this long without its instance renewing it. */
+  readonly leaseMillis?: number | undefined
+  /** A ledger writer's claim on a batch runs out after this; another writer takes it over. */
+  readonly claimMillis?: number | undefined
+  readonly commandTimeoutMillis?: number | undefined
+}
+
+export const DEFAULT_PREFIX = "swarmgate:"
+export const DEFAULT_LEASE_MILLIS = 15_000
+export const DEFAULT_CLAIM_MILLIS = 30_000
+
+/** Idle accounts and keys leave Redis after this; the next request seeds them from the ledger again. */
+const IDLE_TTL_MILLIS = 30 * 24 * 3600 * 1000
+const EXPIRE_BATCH = 1_000
+const RENEW_BATCH = 500
+
+const toNumber = Database.toNumber
+
+const REFUSALS: ReadonlySet<string> = new Set<Refusal>([
+  "insufficient_balance",
+  "payment_hold",
+  "account_spend_limit",
+  "key_spend_limit",
+])
+
+/** Pure timer, not the Effect clock: shutdown waits in real time even under TestClock. */
+const sleepReal = (millis: number) => Effect.promise(() => new Promise((r) => setTimeout(r, millis)))
+
+const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
+  const out: Array<ReadonlyArray<A>> = []
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
+  return out
+}
+
+/** All-time credits per account, from the append-only movements. */
+const readCredits = (ids: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const credits = new Map<string, number>()
+    for (const batch of chunks(ids, 200)) {
+      for (const id of batch) credits.set(id, 0)
+      const rows = yield* sql<{ account_id: string; total: number | string }>`
+        SELECT account_id, SUM(amount_micros) AS total FROM balance_movements
+        WHERE kind = 'credit' AND ${sql.in("account_id", batch)} GROUP BY account_id`
+      for (const row of rows) credits.set(row.account_id, toNumber(row.total))
+    }
+    return credits
+  })
+
+const allAccountIds = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.map(sql<{ id: string }>`SELECT id FROM accounts`, (rows) => rows.map((r) => r.id)),
+)
+
+const allKeyIds = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.map(sql<{ id: string }>`SELECT id FROM api_keys`, (rows) => rows.map((r) => r.id)),
+)
+
+export const make = (
+  options: RedisBillingOptions,
+): Effect.Effect<BillingShape, SqlError.SqlError, SqlClient.SqlClient | Scope.Scope> =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const withSql = Effect.provideService(SqlClient.SqlClient, sql)
+    const flushMillis = options.flushMillis ?? defaults.flushMillis
+    const batchMax = options.batchMax ?? defaults.batchMax
+    const refreshMillis = options.refreshMillis ?? defaults.refreshMillis
+    const sweepMillis = options.sweepMillis ?? defaults.sweepMillis
+    const shutdownWaitMillis = options.shutdownWaitMillis ?? defaults.shutdownWaitMillis
+    const leaseMillis = options.leaseMillis ?? DEFAULT_LEASE_MILLIS
+    const claimMillis = options.claimMillis ?? DEFAULT_CLAIM_MILLIS
+    const prices = options.prices
+    const base = `${options.prefix ?? DEFAULT_PREFIX}{billing}:`
+    const K = {
+      account: (id: string) => `${base}a:${id}`,
+      key: (id: string) => `${base}k:${id}`,
+      holds: `${base}h`,
+      holdIndex: `${base}hx`,
+      queue: `${base}q`,
+      claimed: `${base}w`,
+      claimDeadlines: `${base}wx`,
+    }
+
+    const redis: Redis = yield* R.connect(options.url, options.commandTimeoutMillis ?? 1_000)
+    const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
+      R.run(redis, script, keys, args)
+    const unavailable =
+      (reason: string) =>
+      (cause: R.RedisFailure | SqlError.SqlError): BillingUnavailable =>
+        new BillingUnavailable({ reason: `${reason}: ${"reason" in cause ? cause.reason : cause.message}`, cause })
+
+    // The holds this instance placed and has not resolved: it renews their leases and settles them.
+    const local = new Map<string, Hold>()
+    // When this instance last re-read an account's credits after a refusal.
+    const checkedAt = new Map<string, number>()
+    let settledSinceWrite = 0
+    const wake = yield* Effect.makeLatch(false)
+    const full = yield* Effect.makeLatch(false)
+
+    const priceOf = (model: string) => {
+      const price = prices.get(model)
+      if (price === undefined) throw new Error(`no price for model ${model}`)
+      return price
+    }
+    const holdAmount = (model: string, promptTokens: number, maxTokens: number) =>
+      costMicros(priceOf(model), promptTokens, maxTokens)
+
+    // --- seeding from the ledger ------------------------------------------------------------
+
+    const seed = (accountIds: ReadonlyArray<string>, keyIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const month = startOfUtcMonth(now)
+        for (const batch of chunks(accountIds, 200)) {
+          const accounts = yield* Ledger.loadAccounts(batch, month).pipe(
+            withSql,
+            Effect.mapError(unavailable("could not load balances")),
+          )
+          const credits = yield* readCredits(batch).pipe(
+            withSql,
+            Effect.mapError(unavailable("could not load credits")),
+          )
+          yield* Effect.forEach(
+            accounts,
+            (a) =>
+              run(
+                Scripts.loadAccount,
+                [K.account(a.id)],
+                [a.balanceMicros, credits.get(a.id) ?? 0, month, a.spentMonthMicros, IDLE_TTL_MILLIS],
+              ),
+            { concurrency: 16, discard: true },
+          ).pipe(Effect.mapError(unavailable("could not seed balances")))
+        }
+        for (const batch of chunks(keyIds, 200)) {
+          const keys = yield* Ledger.loadKeys(batch).pipe(
+            withSql,
+            Effect.mapError(unavailable("could not load key spend")),
+          )
+          yield* Effect.forEach(
+            keys,
+            ([id, spent]) => run(Scripts.loadKey, [K.key(id)], [spent, IDLE_TTL_MILLIS]),
+            { concurrency: 16, discard: true },
+          ).pipe(Effect.mapError(unavailable("could not seed key spend")))
+        }
+      })
+
+    const missing = (keys: ReadonlyArray<string>) =>
+      Effect.map(
+        R.command(() => Promise.all(keys.map((key) => redis.exists(key)))),
+        (found) => keys.filter((_, i) => found[i] === 0),
+      )
+
+    /** Seeds whatever of these accounts and keys Redis does not have yet. */
+    const ensure = (accountIds: ReadonlyArray<string>, keyIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        const absentAccounts = accountIds.length === 0 ? [] : yield* missing(accountIds.map(K.account))
+        const absentKeys = keyIds.length === 0 ? [] : yield* missing(keyIds.map(K.key))
+        if (absentAccounts.length === 0 && absentKeys.length === 0) return
+        yield* seed(
+          accountIds.filter((id) => absentAccounts.includes(K.account(id))),
+          keyIds.filter((id) => absentKeys.includes(K.key(id))),
+        )
+      }).pipe(Effect.catchTag("RedisFailure", (e) => Effect.fail(unavailable("redis")(e))))
+
+    /** New credits in the ledger reach the book; safe at any time, from any instance. */
+    const refreshCredits = (accountIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        if (accountIds.length === 0) return
+        const credits = yield* readCredits(accountIds).pipe(
+          withSql,
+          Effect.mapError(unavailable("could not read credits")),
+        )
+        yield* Effect.forEach(
+          credits,
+          ([id, total]) => run(Scripts.credit, [K.account(id)], [total]),
+          { concurrency: 16, discard: true },
+        ).pipe(Effect.mapError(unavailable("could not record credits")))
+      })
+
+    // Rebuild: seed everything the ledger knows that Redis lacks. Redis away at start is not
+    // fatal — accounts are seeded on first use — as limits start without it too.
+    yield* Effect.gen(function* () {
+      const accounts = yield* allAccountIds.pipe(withSql)
+      const keys = yield* allKeyIds.pipe(withSql)
+      yield* seed(accounts, keys)
+    }).pipe(
+      Effect.catchTag("BillingUnavailable", (e) =>
+        Effect.logWarning(`billing: seeding Redis from the ledger failed (${e.reason}); seeding on first use`),
+      ),
+    )
+
+    // --- the request path ---------------------------------------------------------------------
+
+    const reserveOnce = (input: ReserveInput, amount: number, now: number) => {
+      const expiresAt = now + input.ttlMillis
+      const due = Math.min(expiresAt, now + leaseMillis)
+      const hold = JSON.stringify({ a: input.accountId, k: input.keyId, amt: amount, x: expiresAt })
+      return Effect.map(
+        run(
+          Scripts.reserve,
+          [K.account(input.accountId), K.key(input.keyId), K.holds, K.holdIndex],
+          [
+            input.requestId,
+            amount,
+            input.paymentHold ? 1 : 0,
+            input.monthlySpendLimitMicros ?? -1,
+            input.keySpendLimitMicros ?? -1,
+            startOfUtcMonth(now),
+            due,
+            hold,
+            IDLE_TTL_MILLIS,
+          ],
+        ),
+        (reply) => String(reply),
+      )
+    }
+
+    const reserve = (input: ReserveInput) =>
+      Effect.gen(function* () {
+        const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
+        const now = yield* Clock.currentTimeMillis
+        const attempt = (at: number) =>
+          reserveOnce(input, amount, at).pipe(Effect.mapError(unavailable("could not place the hold")))
+        let result = yield* attempt(now)
+        if (result === "missing") {
+          yield* ensure([input.accountId], [input.keyId])
+          result = yield* attempt(now)
+        }
+        if (result === "insufficient_balance" || result === "payment_hold") {
+          // Credit may have arrived through another process: look once, at most every refreshMillis.
+          if (now - (checkedAt.get(input.accountId) ?? Number.NEGATIVE_INFINITY) >= refreshMillis) {
+            checkedAt.set(input.accountId, now)
+            yield* refreshCredits([input.accountId])
+            result = yield* attempt(yield* Clock.currentTimeMillis)
+          }
+        }
+        if (result === "missing") return yield* Effect.die(new Error(`reserve: unknown account or key`))
+        if (result === "duplicate") return yield* Effect.die(new Error(`duplicate hold ${input.requestId}`))
+        if (REFUSALS.has(result)) return yield* Effect.fail(refusalError(result as Refusal))
+        const hold: Hold = {
+          requestId: input.requestId,
+          accountId: input.accountId,
+          keyId: input.keyId,
+          model: input.model,
+          promptTokens: input.promptTokens,
+          amountMicros: amount,
+          createdAt: now,
+          expiresAt: now + input.ttlMillis,
+        }
+        local.set(hold.requestId, hold)
+        return hold
+      })
+
+    /** Redis may blink; a charge is worth a few quick retries before it is left to the lease. */
+    const retried = <A>(effect: Effect.Effect<A, R.RedisFailure>) =>
+      Effect.gen(function* () {
+        let last: R.RedisFailure | undefined
+        for (let attempt = 1; attempt <= 3; attempt++) {
+          const result = yield* Effect.either(effect)
+          if (result._tag === "Right") return result.right
+          last = result.left
+          yield* sleepReal(50 * attempt)
+        }
+        return yield* Effect.fail(last!)
+      })
+
+    const settle = (requestId: string, settlement: Settlement) =>
+      Effect.uninterruptible(
+        Effect.gen(function* () {
+          const hold = local.get(requestId)
+          if (hold === undefined) return undefined
+          local.delete(requestId)
+          const now = yield* Clock.currentTimeMillis
+          const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
+          const entry: Ledger.UsageEntry = {
+            requestId,
+            accountId: hold.accountId,
+            keyId: hold.keyId,
+            model: hold.model,
+            promptTokens: hold.promptTokens,
+            completionTokens: settlement.completionTokens,
+            costMicros: Math.max(0, Math.min(cost, hold.amountMicros)),
+            holdMicros: hold.amountMicros,
+            outcome: settlement.outcome,
+            startedAt: hold.createdAt,
+            createdAt: now,
+          }
+          const charged = yield* retried(
+            run(
+              Scripts.settle,
+              [K.holds, K.holdIndex, K.queue],
+              [base, requestId, entry.costMicros, startOfUtcMonth(now), JSON.stringify(entry)],
+            ),
+          ).pipe(
+            Effect.catchAll((e) =>
+              Effect.as(
+                Effect.logError(
+                  `billing: settling ${requestId} failed (${e.reason}); its hold lapses within the lease, uncharged`,
+                ),
+                0,
+              ),
+            ),
+          )
+          if (Number(charged) !== 1) return undefined
+          settledSinceWrite++
+          wake.unsafeOpen()
+          if (settledSinceWrite >= batchMax) full.unsafeOpen()
+          return entry
+        }),
+      )
+
+    const voidHold = (requestId: string) =>
+      Effect.suspend(() => {
+        if (!local.delete(requestId)) return Effect.succeed(false)
+        return run(Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]).pipe(
+          Effect.map((reply) => Number(reply) === 1),
+          Effect.catchAll((e) =>
+            Effect.as(Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`), false),
+          ),
+        )
+      })
+
+    const expire = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      run(Scripts.expire, [K.holds, K.holdIndex], [base, now, EXPIRE_BATCH]).pipe(
+        Effect.flatMap((reply) => {
+          const ids = reply as ReadonlyArray<string>
+          for (const id of ids) local.delete(id)
+          return ids.length === 0
+            ? Effect.succeed(0)
+            : Effect.as(
+                Effect.logWarning(`billing: ${ids.length} hold(s) expired unsettled; their money is released`),
+                ids.length,
+              )
+        }),
+        Effect.catchAll((e) => Effect.as(Effect.logWarning(`billing: hold sweep failed: ${e.reason}`), 0)),
+      ),
+    )
+
+    const renew = Effect.gen(function* () {
+      if (local.size === 0) return
+      const until = (yield* Clock.currentTimeMillis) + leaseMillis
+      for (const batch of chunks([...local.keys()], RENEW_BATCH)) {
+        const gone = (yield* run(Scripts.renew, [K.holds, K.holdIndex], [until, ...batch])) as ReadonlyArray<string>
+        for (const id of gone) local.delete(id)
+      }
+    }).pipe(Effect.catchAll((e) => Effect.logWarning(`billing: renewing hold leases failed: ${e.reason}`)))
+
+    // --- the ledger writer ----------------------------------------------------------------------
+
+    /** Claims one batch, writes it, acknowledges it; returns how many were claimed. */
+    const writeClaimed: Effect.Effect<number, BillingUnavailable> = Effect.uninterruptible(
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const raw = (yield* run(
+          Scripts.claim,
+          [K.queue, K.claimed, K.claimDeadlines],
+          [now, now + claimMillis, batchMax],
+        ).pipe(Effect.mapError(unavailable("could not claim charges")))) as ReadonlyArray<string>
+        if (raw.length === 0) return 0
+        const batch = raw.map((text) => JSON.parse(text) as Ledger.UsageEntry)
+        const ack = (entries: ReadonlyArray<Ledger.UsageEntry>) =>
+          entries.length === 0
+            ? Effect.void
+            : run(
+                Scripts.ack,
+                [K.claimed, K.claimDeadlines],
+                entries.map((e) => e.requestId),
+              ).pipe(
+                // Unacknowledged, the claim runs out and the entries are written again: a no-op by request id.
+                Effect.catchAll((e) => Effect.logWarning(`billing: acknowledging written charges failed: ${e.reason}`)),
+              )
+        const batched = yield* Effect.either(Ledger.writeBatch(batch).pipe(withSql))
+        if (batched._tag === "Right") {
+          yield* ack(batch)
+          return batch.length
+        }
+        // One bad entry (e.g. written by a writer whose acknowledgement was lost) must not block the others.
+        const written: Array<Ledger.UsageEntry> = []
+        const failed: Array<Ledger.UsageEntry> = []
+        let cause: unknown
+        for (const entry of batch) {
+          const one = yield* Effect.either(Ledger.writeOne(entry).pipe(withSql))
+          if (one._tag === "Right") written.push(entry)
+          else {
+            failed.push(entry)
+            cause = one.left
+          }
+        }
+        yield* ack(written)
+        if (failed.length > 0) {
+          yield* run(
+            Scripts.unclaim,
+            [K.claimed, K.claimDeadlines, K.queue],
+            failed.map((e) => e.requestId),
+          ).pipe(Effect.ignore)
+          return yield* Effect.fail(
+            new BillingUnavailable({ reason: `${failed.length} charge(s) could not be written`, cause }),
+          )
+        }
+        return batch.length
+      }),
+    )
+
+    const flush: Effect.Effect<void, BillingUnavailable> = Effect.flatMap(writeClaimed, (n) =>
+      n >= batchMax ? flush : Effect.void,
+    )
+
+    const writeNow = Effect.suspend(() => {
+      wake.unsafeClose()
+      full.unsafeClose()
+      settledSinceWrite = 0
+      return flush
+    })
+
+    const logWriteFailure = (e: BillingUnavailable) =>
+      Effect.zipRight(
+        Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
+        Effect.sleep(1_000),
+      )
+
+    const flusher = Effect.gen(function* () {
+      yield* wake.await
+      yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
+      yield* writeNow.pipe(Effect.catchAll(logWriteFailure))
+    }).pipe(Effect.forever)
+
+    // Also writes what dead instances left queued or half-written.
+    const sweeper = Effect.gen(function* () {
+      yield* Effect.sleep(sweepMillis)
+      yield* expire
+      yield* flush.pipe(Effect.catchAll(logWriteFailure))
+    }).pipe(Effect.forever)
+
+    const renewer = Effect.zipRight(Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3))), renew).pipe(
+      Effect.forever,
+    )
+
+    yield* Effect.forkScoped(flusher)
+    yield* Effect.forkScoped(sweeper)
+    yield* Effect.forkScoped(renewer)
+
+    // Runs before the connection closes (finalizers run in reverse): requests interrupted by the
+    // server closing settle within moments; wait briefly, return what is still held, write the rest.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        for (let waited = 0; local.size > 0 && waited < shutdownWaitMillis; waited += 20) yield* sleepReal(20)
+        for (const id of [...local.keys()]) yield* voidHold(id)
+        let written = false
+        for (let attempt = 0; attempt < 3 && !written; attempt++) {
+          const result = yield* Effect.either(flush)
+          written = result._tag === "Right"
+          if (!written) {
+            yield* Effect.logError(`billing: final ledger write failed: ${(result as { left: BillingUnavailable }).left.reason}`)
+            yield* sleepReal(200)
+          }
+        }
+      }),
+    )
+
+    // --- the admin side -----------------------------------------------------------------------
+
+    const accountMoney = (accountIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        yield* ensure(accountIds, [])
+        yield* refreshCredits(accountIds)
+        const now = yield* Clock.currentTimeMillis
+        const reply = (yield* run(Scripts.money, accountIds.map(K.account), [startOfUtcMonth(now)]).pipe(
+          Effect.mapError(unavailable("could not read balances")),
+        )) as ReadonlyArray<ReadonlyArray<string> | null>
+        const result = new Map<string, AccountMoney>()
+        accountIds.forEach((id, i) => {
+          const row = reply[i]
+          if (!row) return
+          const [balance, held, spentMonth] = row.map(Number) as [number, number, number]
+          result.set(id, { availableMicros: balance - held, heldMicros: held, spentMonthMicros: spentMonth })
+        })
+        return result as ReadonlyMap<string, AccountMoney>
+      })
+
+    const keySpent = (keyIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        yield* ensure([], keyIds)
+        const spent = yield* R.command(() => Promise.all(keyIds.map((id) => redis.hget(K.key(id), "spent")))).pipe(
+          Effect.mapError(unavailable("could not read key spend")),
+        )
+        const result = new Map<string, number>()
+        keyIds.forEach((id, i) => {
+          const value = spent[i]
+          if (value !== null && value !== undefined) result.set(id, Number(value))
+        })
+        return result as ReadonlyMap<string, number>
+      })
+
+    const service: BillingShape = {
+      prices,
+      holdAmount,
+      reserve,
+      settle,
+      void: voidHold,
+      expire,
+      refresh: refreshCredits,
+      accountMoney,
+      keySpent,
+      flush,
+      pending: Effect.map(
+        Effect.either(
+          R.command(() => Promise.all([redis.llen(K.queue), redis.hlen(K.claimed)])),
+        ),
+        (counts) => ({
+          holds: local.size,
+          unwritten: counts._tag === "Right" ? counts.right[0] + counts.right[1] : 0,
+        }),
+      ),
+    }
+    return service
+  })
+
+/** The Redis-backed billing service over the `SqlClient` in context. */
+export const layer = (
+  options: RedisBillingOptions,
+): Layer.Layer<Billing, SqlError.SqlError, SqlClient.SqlClient> => Layer.scoped(Billing, make(options))
+
+/** Options from the environment (as `Billing.config`) plus where the book lives in Redis. */
+export const layerConfig = (
+  modelIds: ReadonlyArray<string>,
+  redis: {
+    readonly url: Redacted.Redacted
+    readonly prefix: string
+    readonly leaseMillis: number
+  },
+): Layer.Layer<Billing, SqlError.SqlError | ConfigError.ConfigError, SqlClient.SqlClient> =>
+  Layer.scoped(
+    Billing,
+    Effect.flatMap(billingConfig(modelIds), (options) => make({ ...options, ...redis })),
+  )

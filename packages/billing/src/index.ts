@@ -1,0 +1,5 @@
+export * as Billing from "./Billing"
+export * as Ledger from "./Ledger"
+export * as LedgerCheck from "./LedgerCheck"
+export * as Prices from "./Prices"
+export * as RedisBilling from "./RedisBilling"

@@ -1,0 +1,182 @@
+/**
+ * The in-memory book of one gateway instance: balances, holds and spend, with
+ * every check-and-update done synchronously, so two requests can never both
+ * pass a check that only one of them fits. No I/O here; `Billing.ts` loads it
+ * from the ledger and writes its charges back.
+ */
+
+export interface AccountBook {
+  /** Credits − charges, counting charges not yet written to the ledger. */
+  balance: number
+  /** Sum of the open holds of the account. */
+  held: number
+  /** Charges settled here but not yet committed: SQL's balance is this much higher. */
+  unwritten: number
+  /** Start (Unix ms) of the UTC month `spentMonth` belongs to. */
+  month: number
+  spentMonth: number
+  /** When the balance was last read from SQL (throttles refreshes after refusals). */
+  checkedAt: number
+}
+
+export interface KeyBook {
+  /** All-time charges of the key, counting those not yet written. */
+  spent: number
+  held: number
+}
+
+export interface Hold {
+  readonly requestId: string
+  readonly accountId: string
+  readonly keyId: string
+  readonly model: string
+  readonly promptTokens: number
+  readonly amountMicros: number
+  readonly createdAt: number
+  readonly expiresAt: number
+}
+
+export interface HoldRequest {
+  readonly requestId: string
+  readonly accountId: string
+  readonly keyId: string
+  readonly model: string
+  readonly promptTokens: number
+  readonly paymentHold: boolean
+  readonly monthlySpendLimitMicros: number | null
+  readonly keySpendLimitMicros: number | null
+}
+
+export type Refusal = "insufficient_balance" | "payment_hold" | "account_spend_limit" | "key_spend_limit"
+
+export interface Charge {
+  readonly hold: Hold
+  /** What the account pays: the cost of what ran, never more than the hold. */
+  readonly chargedMicros: number
+}
+
+export const startOfUtcMonth = (now: number): number => {
+  const date = new Date(now)
+  return Date.UTC(date.getUTCFullYear(), date.getUTCMonth(), 1)
+}
+
+export class Book {
+  readonly accounts = new Map<string, AccountBook>()
+  readonly keys = new Map<string, KeyBook>()
+  readonly holds = new Map<string, Hold>()
+
+  addAccount(id: string, balance: number, spentMonth: number, now: number): void {
+    if (this.accounts.has(id)) return
+    this.accounts.set(id, {
+      balance,
+      held: 0,
+      unwritten: 0,
+      month: startOfUtcMonth(now),
+      spentMonth,
+      checkedAt: now,
+    })
+  }
+
+  addKey(id: string, spent: number): void {
+    if (this.keys.has(id)) return
+    this.keys.set(id, { spent, held: 0 })
+  }
+
+  /** The account with its monthly figure moved to the month of `now`. */
+  account(id: string, now: number): AccountBook | undefined {
+    const account = this.accounts.get(id)
+    if (account === undefined) return undefined
+    const month = startOfUtcMonth(now)
+    if (month > account.month) {
+      account.month = month
+      account.spentMonth = 0
+    }
+    return account
+  }
+
+  /**
+   * Holds `amount` against the balance, the monthly limit and the key's limit
+   * (open holds count against all three), or says which one refuses. Checked
+   * in that order; the account and the key must be loaded.
+   */
+  reserve(request: HoldRequest, amount: number, now: number, ttlMillis: number): Hold | Refusal {
+    if (this.holds.has(request.requestId)) throw new Error(`duplicate hold ${request.requestId}`)
+    const account = this.account(request.accountId, now)
+    const key = this.keys.get(request.keyId)
+    if (account === undefined || key === undefined) throw new Error("reserve before load")
+    if (amount > account.balance - account.held) {
+      return request.paymentHold ? "payment_hold" : "insufficient_balance"
+    }
+    const monthly = request.monthlySpendLimitMicros
+    if (monthly !== null && account.spentMonth + account.held + amount > monthly) return "account_spend_limit"
+    const keyLimit = request.keySpendLimitMicros
+    if (keyLimit !== null && key.spent + key.held + amount > keyLimit) return "key_spend_limit"
+    const hold: Hold = {
+      requestId: request.requestId,
+      accountId: request.accountId,
+      keyId: request.keyId,
+      model: request.model,
+      promptTokens: request.promptTokens,
+      amountMicros: amount,
+      createdAt: now,
+      expiresAt: now + ttlMillis,
+    }
+    account.held += amount
+    key.held += amount
+    this.holds.set(hold.requestId, hold)
+    return hold
+  }
+
+  private release(requestId: string): Hold | undefined {
+    const hold = this.holds.get(requestId)
+    if (hold === undefined) return undefined
+    this.holds.delete(requestId)
+    this.accounts.get(hold.accountId)!.held -= hold.amountMicros
+    this.keys.get(hold.keyId)!.held -= hold.amountMicros
+    return hold
+  }
+
+  /** Turns the hold into a charge of `costMicros` (capped at the hold); undefined when already resolved. */
+  settle(requestId: string, costMicros: number, now: number): Charge | undefined {
+    const hold = this.release(requestId)
+    if (hold === undefined) return undefined
+    const charged = Math.max(0, Math.min(costMicros, hold.amountMicros))
+    const account = this.account(hold.accountId, now)!
+    account.balance -= charged
+    account.unwritten += charged
+    account.spentMonth += charged
+    this.keys.get(hold.keyId)!.spent += charged
+    return { hold, chargedMicros: charged }
+  }
+
+  /** Drops the hold without a charge; undefined when already resolved. */
+  void(requestId: string): Hold | undefined {
+    return this.release(requestId)
+  }
+
+  /** Voids every hold past its expiry: the money returns to the account. */
+  expire(now: number): ReadonlyArray<Hold> {
+    const expired: Array<Hold> = []
+    for (const hold of this.holds.values()) if (hold.expiresAt <= now) expired.push(hold)
+    for (const hold of expired) this.release(hold.requestId)
+    return expired
+  }
+
+  credit(accountId: string, amount: number): void {
+    const account = this.accounts.get(accountId)
+    if (account !== undefined) account.balance += amount
+  }
+
+  /** The ledger committed `amount` of this account's charges. */
+  written(accountId: string, amount: number): void {
+    this.accounts.get(accountId)!.unwritten -= amount
+  }
+
+  /** SQL's balance (credits − committed charges) as read while no write was in progress. */
+  refresh(accountId: string, sqlBalance: number, now: number): void {
+    const account = this.accounts.get(accountId)
+    if (account === undefined) return
+    account.balance = sqlBalance - account.unwritten
+    account.checkedAt = now
+  }
+}

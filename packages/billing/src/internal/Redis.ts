@@ -1,0 +1,78 @@
+/**
+ * One ioredis connection for the billing book, handled as the quota store
+ * handles its own: commands fail at once while disconnected (no backlog that
+ * would turn into a burst of stale holds), scripts by SHA with a fallback to
+ * EVAL after a Redis restart.
+ */
+import { Data, Effect, Redacted, type Scope } from "effect"
+import { Redis } from "ioredis"
+import type { Script } from "./RedisScripts"
+
+export class RedisFailure extends Data.TaggedError("RedisFailure")<{
+  readonly reason: string
+  readonly cause?: unknown
+}> {}
+
+export const connect = (
+  url: string | Redacted.Redacted,
+  commandTimeoutMillis: number,
+): Effect.Effect<Redis, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const plain = Redacted.isRedacted(url) ? Redacted.value(url) : url
+    const redis = yield* Effect.acquireRelease(
+      Effect.sync(
+        () =>
+          new Redis(plain, {
+            enableOfflineQueue: false,
+            maxRetriesPerRequest: 1,
+            commandTimeout: commandTimeoutMillis,
+            connectTimeout: 2_000,
+          }),
+      ),
+      (client) =>
+        Effect.promise(() => client.quit().catch(() => undefined)).pipe(
+          Effect.timeout(1_000),
+          Effect.ignore,
+          Effect.ensuring(Effect.sync(() => client.disconnect())),
+        ),
+    )
+    // Failures surface on the commands that meet them; the event alone is noise.
+    redis.on("error", () => undefined)
+    yield* Effect.async<void>((resume) => {
+      if (redis.status === "ready") return resume(Effect.void)
+      const done = () => {
+        clearTimeout(timer)
+        redis.off("ready", done)
+        redis.off("error", done)
+        resume(Effect.void)
+      }
+      const timer = setTimeout(done, 2_000)
+      redis.once("ready", done)
+      redis.once("error", done)
+    })
+    return redis
+  })
+
+const failure = (cause: unknown) =>
+  new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })
+
+export const run = (
+  redis: Redis,
+  script: Script,
+  keys: ReadonlyArray<string>,
+  args: ReadonlyArray<string | number>,
+): Effect.Effect<unknown, RedisFailure> =>
+  Effect.tryPromise({
+    try: async () => {
+      try {
+        return await redis.evalsha(script.sha, keys.length, ...keys, ...args)
+      } catch (error) {
+        if (!String((error as Error)?.message).startsWith("NOSCRIPT")) throw error
+        return await redis.eval(script.source, keys.length, ...keys, ...args)
+      }
+    },
+    catch: failure,
+  })
+
+export const command = <A>(use: () => Promise<A>): Effect.Effect<A, RedisFailure> =>
+  Effect.tryPromise({ try: use, catch: failure })

@@ -1,0 +1,80 @@
+/**
+ * Money around one chat completion: a hold on the worst case before dispatch,
+ * resolved exactly once when the request's scope closes, whatever ended it.
+ * Nothing ran (`outcome.started` false): void, no record. Otherwise the usage
+ * record gets the tokens the gateway counted and why it ended.
+ */
+import type { Principal } from "@swarmgate/auth"
+import { Billing } from "@swarmgate/billing"
+import { AdmissionUnavailable } from "@swarmgate/protocol"
+import { Cause, Effect, Exit, Option, type Scope } from "effect"
+import type { Outcome } from "./ChatCompletions"
+import type { NormalizedRequest } from "./RequestPolicy"
+
+/** A hold unsettled this long after the preset's running-time limit is expired by the sweeper. */
+export const HOLD_GRACE_MILLIS = 60_000
+
+/** How a request that reached a node ended, for its usage record; `void` when none did. */
+export const usageOutcome = (
+  outcome: Outcome,
+  exit: Exit.Exit<unknown, unknown>,
+): Billing.UsageOutcome | "void" => {
+  if (!outcome.started) return "void"
+  if (outcome.status !== "pending") return outcome.status
+  if (Exit.isFailure(exit)) {
+    // The connection closed under us (client gone, or the drain deadline at shutdown).
+    if (Cause.isInterrupted(exit.cause)) return "client_disconnected"
+    const failure = Cause.failureOption(exit.cause)
+    if (Option.isSome(failure) && (failure.value as { _tag?: string })._tag === "UpstreamTimeout")
+      return "upstream_timeout"
+  }
+  return "upstream_error"
+}
+
+const unavailable = () =>
+  new AdmissionUnavailable({ message: "The service cannot accept the request now.", retryAfterSeconds: 1 })
+
+/**
+ * Reserves the request's worst case for `principal`, and in the scope's
+ * release settles it from `outcome` (read when the scope closes) or voids it.
+ */
+export const hold = (
+  principal: Principal,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+): Effect.Effect<
+  Billing.Hold,
+  Billing.ReserveRefusal | AdmissionUnavailable,
+  Billing.Billing | Scope.Scope
+> =>
+  Effect.flatMap(Billing.Billing, (billing) =>
+    Effect.acquireRelease(
+      billing
+        .reserve({
+          requestId,
+          accountId: principal.account.id,
+          keyId: principal.key.id,
+          model: request.preset.id,
+          promptTokens: request.promptTokens,
+          maxTokens: request.maxTokens,
+          paymentHold: principal.account.paymentHold,
+          monthlySpendLimitMicros: principal.account.monthlySpendLimitMicros,
+          keySpendLimitMicros: principal.key.spendLimitMicros,
+          ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS,
+        })
+        .pipe(
+          Effect.catchTag("BillingUnavailable", (e) =>
+            Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable())),
+          ),
+        ),
+      (_, exit) => {
+        const ended = usageOutcome(outcome, exit)
+        return ended === "void"
+          ? Effect.asVoid(billing.void(requestId))
+          : Effect.asVoid(
+              billing.settle(requestId, { completionTokens: outcome.completionTokens, outcome: ended }),
+            )
+      },
+    ),
+  )
