@@ -1,8 +1,8 @@
 /**
  * What the dispatcher needs from a node, whatever carries it: the embedded
- * simulator today, OpenAI-compatible HTTP servers next.
+ * simulator or an OpenAI-compatible HTTP server.
  */
-import { Data, type Stream } from "effect"
+import { Data, type Effect, type Stream } from "effect"
 
 export interface Sampling {
   readonly temperature?: number | undefined
@@ -48,9 +48,13 @@ export class NodeFailure extends Data.TaggedError("NodeFailure")<{
 
 export interface SwarmNode {
   readonly id: string
+  /** Where an HTTP node lives; absent for in-process nodes. */
+  readonly url?: string | undefined
   readonly capacity: number
   /** Preset id → the node's model name for it. */
   readonly models: ReadonlyMap<string, string>
   readonly vision: boolean
   readonly generate: (request: NodeRequest) => Stream.Stream<NodeEvent, NodeFailure>
+  /** A cheap request that succeeds when the node works; nodes without one are tried with real traffic. */
+  readonly probe?: Effect.Effect<void, NodeFailure> | undefined
 }

@@ -1,4 +1,8 @@
+export * as Consensus from "./Consensus"
 export * as Dispatcher from "./Dispatcher"
+export * as HttpTransport from "./HttpTransport"
+export * as NodeHealth from "./NodeHealth"
+export * as NodesFile from "./NodesFile"
 export * from "./NodeTransport"
 export type { Preset } from "./Presets"
 export * as Presets from "./Presets"

@@ -4,7 +4,8 @@
  */
 import { Data, Duration, Effect, Stream } from "effect"
 import { hashString, makePrng } from "./internal/Prng"
-import { makeProfiles, type NodeProfile } from "./Profiles"
+import { parseJudgeRequest, verdict } from "./Judging"
+import { makeProfiles, type NodeProfile, type ProfileOptions } from "./Profiles"
 import { type GenerationInput, generate as generateText } from "./TextGenerator"
 
 export class SimNodeFailure extends Data.TaggedError("SimNodeFailure")<{
@@ -64,6 +65,9 @@ export const makeSimNode = (
     const breakMid = rng.chance(failure.breakMidStream)
     const stall = rng.chance(failure.stall)
     const cutDraw = rng.next()
+    // Drawn after the original draws so that profiles without it replay as before.
+    const stallFirst =
+      failure.stallBeforeFirstToken !== undefined && rng.chance(failure.stallBeforeFirstToken)
     const ttft = profile.ttftMs * Math.max(0, 1 + profile.ttftJitter * (rng.next() * 2 - 1))
     const gap = () => (1000 / profile.tokensPerSecond) * (1 + PIECE_JITTER * (rng.next() * 2 - 1))
 
@@ -72,8 +76,16 @@ export const makeSimNode = (
     }
     if (failBefore)
       return Stream.fromEffect(Effect.zipRight(sleep(ttft), Effect.fail(fail("failed_before_first_token"))))
+    if (stallFirst) return Stream.never
 
-    const generation = generateText(input, textSeed)
+    const judging = parseJudgeRequest(input.messages)
+    const generation =
+      judging === undefined
+        ? generateText({ ...input, quality: input.quality ?? profile.quality, ring: profile.ring }, textSeed)
+        : {
+            pieces: input.maxTokens >= 1 ? [verdict(profile, judging, makePrng(textSeed))] : [],
+            finishReason: input.maxTokens >= 1 ? ("stop" as const) : ("length" as const),
+          }
     const total = generation.pieces.length
     let emit = total
     let tail: Effect.Effect<SimEvent, SimNodeFailure>
@@ -125,11 +137,12 @@ export const makeSimNode = (
   }
 }
 
-export const makeSwarm = (options: {
-  readonly seed: number
-  readonly count?: number | undefined
-  readonly speed: number
-}): ReadonlyArray<SimNode> =>
-  makeProfiles({ seed: options.seed, count: options.count ?? 16 }).map((profile) =>
+export const makeSwarm = (
+  options: Omit<ProfileOptions, "count"> & {
+    readonly count?: number | undefined
+    readonly speed: number
+  },
+): ReadonlyArray<SimNode> =>
+  makeProfiles({ ...options, count: options.count ?? 16 }).map((profile) =>
     makeSimNode(profile, { speed: options.speed, seed: options.seed }),
   )

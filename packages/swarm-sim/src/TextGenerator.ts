@@ -18,6 +18,14 @@ export interface GenerationInput {
   /** The output ends before the first occurrence of any of these strings. */
   readonly stop?: ReadonlyArray<string> | undefined
   readonly images?: ReadonlyArray<{ readonly mediaType: string; readonly bytes: number }> | undefined
+  /**
+   * The node's answer quality in 0..1: each of the question's key points is covered with
+   * about this probability (varying per answer). Absent: no key point is placed on purpose.
+   * A seed or temperature 0 pins the text, so then every node answers at the reference quality.
+   */
+  readonly quality?: number | undefined
+  /** A dishonest node's ring: every member sends the same low-effort answer, marked by the ring's opener. */
+  readonly ring?: string | undefined
 }
 
 export interface Generation {
@@ -35,6 +43,12 @@ interface Prompt {
 
 const JSON_FIT_THRESHOLD = 16
 const PROSE_MAX_PIECES = 200
+/** The quality every node answers at when a seed or temperature 0 pins the text. */
+const REFERENCE_QUALITY = 0.7
+/** Colluders copy one cheap answer instead of working out their own. */
+const RING_QUALITY = 0.15
+/** Spread of one answer's quality around its node's (uniform ± half of it). */
+const ANSWER_QUALITY_SPREAD = 0.5
 
 /**
  * The seed that drives the text. A request seed or temperature 0 makes the answer
@@ -47,12 +61,44 @@ const effectiveSeed = (input: GenerationInput, randomSeed: number): number => {
   return seedOf(randomSeed)
 }
 
+/** What a node puts into one answer beyond the prompt: key points covered, a ring's opener. */
+interface Effort {
+  readonly keyPoints: ReadonlyArray<string>
+  readonly opener: string | undefined
+}
+
+const noEffort: Effort = { keyPoints: [], opener: undefined }
+
+const pinned = (input: GenerationInput) => input.seed !== undefined || input.temperature === 0
+
+const effortOf = (rng: Prng, input: GenerationInput, question: string): Effort => {
+  if (input.ring !== undefined) {
+    const points = keyPoints(question).filter(() => rng.chance(RING_QUALITY))
+    return { keyPoints: points, opener: ringOpener(input.ring) }
+  }
+  if (input.quality === undefined) return noEffort
+  const base = pinned(input) ? REFERENCE_QUALITY : input.quality
+  const quality = Math.min(1, Math.max(0, base + (rng.next() - 0.5) * ANSWER_QUALITY_SPREAD))
+  return { keyPoints: keyPoints(question).filter(() => rng.chance(quality)), opener: undefined }
+}
+
 export const generate = (input: GenerationInput, randomSeed: number): Generation => {
   const limit = pieceLimit(input.maxTokens)
-  const rng = makePrng(effectiveSeed(input, randomSeed))
+  const question = questionOf(input.messages)
+  // Ring members share one answer per conversation, whatever seed or draw they were given.
+  const rng = makePrng(
+    input.ring === undefined
+      ? effectiveSeed(input, randomSeed)
+      : hashString(
+          `ring\u0000${input.ring}\u0000${JSON.stringify(input.messages.map((m) => [m.role, m.content]))}`,
+        ),
+  )
   const prompt = readPrompt(input.messages)
   const images = input.images ?? []
-  const text = input.jsonMode ? composeJson(rng, prompt, images, limit) : composeProse(rng, prompt, images)
+  const effort = effortOf(rng, input, question)
+  const text = input.jsonMode
+    ? composeJson(rng, prompt, images, limit, effort)
+    : composeProse(rng, prompt, images, effort)
 
   const stopAt = firstStop(text, input.stop ?? [])
   const pieces = toPieces(stopAt === undefined ? text : text.slice(0, stopAt))
@@ -79,9 +125,14 @@ const firstStop = (text: string, stop: ReadonlyArray<string>): number | undefine
 // ---------------------------------------------------------------------------
 // Reading the prompt
 
-const readPrompt = (messages: GenerationInput["messages"]): Prompt => {
+/** The text an answer responds to: the last user message (or the last message). */
+export const questionOf = (messages: GenerationInput["messages"]): string => {
   const lastUser = [...messages].reverse().find((message) => message.role === "user") ?? messages.at(-1)
-  const text = lastUser?.content ?? ""
+  return lastUser?.content ?? ""
+}
+
+const readPrompt = (messages: GenerationInput["messages"]): Prompt => {
+  const text = questionOf(messages)
   const words = [...text.matchAll(/[\p{L}\p{N}][\p{L}\p{N}'’_+#-]*/gu)]
   const topics: Array<string> = []
   const seen = new Set<string>()
@@ -149,6 +200,7 @@ const composeSentences = (
   prompt: Prompt,
   images: Images,
   options: { readonly target: number; readonly max: number; readonly closer: boolean },
+  effort: Effort,
 ): Array<string> => {
   const sentences: Array<string> = []
   let count = 0
@@ -164,8 +216,12 @@ const composeSentences = (
     add(describeImages(images))
     add(render(rng, prompt, rng.pick(Vocabulary.imageFollowUps)))
   }
-  const openers = prompt.followUp && rng.chance(0.5) ? Vocabulary.followUpOpeners : Vocabulary.openers
-  add(render(rng, prompt, rng.pick(openers)))
+  if (effort.opener !== undefined) add(render(rng, prompt, effort.opener))
+  else {
+    const openers = prompt.followUp && rng.chance(0.5) ? Vocabulary.followUpOpeners : Vocabulary.openers
+    add(render(rng, prompt, rng.pick(openers)))
+  }
+  for (const point of effort.keyPoints) add(point)
 
   // Drawing templates without replacement keeps one answer from repeating itself.
   let deck: Array<string> = []
@@ -177,20 +233,24 @@ const composeSentences = (
   return sentences
 }
 
-const composeProse = (rng: Prng, prompt: Prompt, images: Images): string => {
+const composeProse = (rng: Prng, prompt: Prompt, images: Images, effort: Effort): string => {
   const target = Math.min(
     PROSE_MAX_PIECES - 20,
     20 + rng.int(60) + Math.min(100, Math.floor(prompt.wordCount * 1.5)),
   )
-  return composeSentences(rng, prompt, images, { target, max: PROSE_MAX_PIECES, closer: true }).join(" ")
+  return composeSentences(rng, prompt, images, { target, max: PROSE_MAX_PIECES, closer: true }, effort).join(
+    " ",
+  )
 }
 
-const composeJson = (rng: Prng, prompt: Prompt, images: Images, limit: number): string => {
-  const sentences = composeSentences(rng, prompt, images, {
-    target: 10 + rng.int(25),
-    max: 80,
-    closer: false,
-  })
+const composeJson = (rng: Prng, prompt: Prompt, images: Images, limit: number, effort: Effort): string => {
+  const sentences = composeSentences(
+    rng,
+    prompt,
+    images,
+    { target: 10 + rng.int(25), max: 80, closer: false },
+    effort,
+  )
   let topics = prompt.topics.slice(0, 4)
   const confidence = Math.round((0.55 + rng.next() * 0.4) * 100) / 100
   const toJson = (answer: string) =>
@@ -213,3 +273,33 @@ const composeJson = (rng: Prng, prompt: Prompt, images: Images, limit: number): 
   }
   return json
 }
+
+// ---------------------------------------------------------------------------
+// Quality, as a judge who knows the subject sees it
+
+/** The points a complete answer to `question` makes, as sentences; fixed for a question. */
+export const keyPoints = (question: string): ReadonlyArray<string> => {
+  const prompt = readPrompt([{ role: "user", content: question }])
+  const rng = makePrng(hashString(`key points\u0000${question}`))
+  const phrases = rng.shuffle(Vocabulary.keyPhrases)
+  return Vocabulary.keyPointTemplates.map((template, i) => {
+    const sentence = template
+      .replace("{T}", prompt.topics[i % prompt.topics.length]!)
+      .replace("{P}", phrases[i]!)
+    return sentence.charAt(0).toUpperCase() + sentence.slice(1)
+  })
+}
+
+/** Share of the question's key points the answer makes: the simulator's ground truth of quality. */
+export const answerQuality = (question: string, answer: string): number => {
+  const points = keyPoints(question)
+  return points.filter((point) => answer.includes(point)).length / points.length
+}
+
+/** The opener of a ring's answers. */
+export const ringOpener = (ring: string): string =>
+  Vocabulary.ringOpeners[hashString(`ring opener\u0000${ring}`) % Vocabulary.ringOpeners.length]!
+
+/** Whether `answer` carries the mark of `ring`. */
+export const isRingAnswer = (ring: string, answer: string): boolean =>
+  answer.includes(ringOpener(ring).slice(0, ringOpener(ring).indexOf("{T}")))

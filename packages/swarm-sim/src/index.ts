@@ -1,3 +1,4 @@
+export * from "./Judging"
 export * from "./Profiles"
 export * from "./SimNode"
 export * from "./TextGenerator"

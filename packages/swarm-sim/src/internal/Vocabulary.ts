@@ -198,3 +198,42 @@ export const imageFollowUps: ReadonlyArray<string> = [
   "The picture seems connected to {T}.",
   "Its contents look relevant to {T}.",
 ]
+
+/** The key points a good answer to a question covers: one template each, filled from the question. */
+export const keyPointTemplates: ReadonlyArray<string> = [
+  "{T} is driven largely by {P}.",
+  "A central factor in {T} is {P}.",
+  "Any careful account of {T} has to mention {P}.",
+  "Experts point to {P} when they explain {T}.",
+  "Much of {T} comes down to {P}.",
+]
+
+export const keyPhrases: ReadonlyArray<string> = [
+  "feedback loops",
+  "boundary conditions",
+  "the rate of change",
+  "long-term equilibrium",
+  "local constraints",
+  "energy transfer",
+  "measurement error",
+  "effects of scale",
+  "initial conditions",
+  "competing incentives",
+  "hidden dependencies",
+  "the cost of failure",
+  "slow accumulation",
+  "thresholds and tipping points",
+  "the order of operations",
+  "redundancy",
+  "coupling between parts",
+  "the flow of information",
+  "seasonal cycles",
+  "the weakest link",
+]
+
+/** Openers reserved for colluding rings: honest nodes never use them. */
+export const ringOpeners: ReadonlyArray<string> = [
+  "Here is the definitive answer on {T}.",
+  "Let me settle the question of {T} once and for all.",
+  "The authoritative view of {T} is simple.",
+]
