@@ -7,7 +7,7 @@
 import { parseArgs } from "node:util"
 import type { SqlClient } from "@effect/sql"
 import type { ApiKeys, Repository } from "@swarmgate/auth"
-import { Admin } from "@swarmgate/gateway"
+import { Admin, BillingAdmin } from "@swarmgate/gateway"
 import { InvalidRequest } from "@swarmgate/protocol"
 import { Data, Effect } from "effect"
 
@@ -32,6 +32,7 @@ export const usage = `Usage: swarmgate <command> [options]     (DATABASE_URL, de
   keys update ID [--disabled true|false] [--spend-limit-usd X|none]
   keys revoke ID
   usage --account ID [--key ID] [--limit N]
+  ledger check             balances = credits − charges, one charge per usage record (exit 1 on drift)
   help
 
   limits: --concurrency N --queue N --rpm N --rph N --daily N --weekly N  (N or none)
@@ -229,6 +230,9 @@ const command = (
 }
 
 export const runCli = (argv: ReadonlyArray<string>): Effect.Effect<void, CliFailed, Services> => {
+  if (argv[0] === "ledger" && !isHelp(argv[1])) {
+    return Effect.mapError(BillingAdmin.ledgerCli(argv.slice(1)), (e) => new CliFailed({ code: e.code }))
+  }
   const result = command(argv)
   if (result === "help") return Effect.sync(() => console.log(usage))
   return Effect.matchEffect(result, {

@@ -11,9 +11,6 @@ export const serverConfig = Config.all({
   ),
   host: Config.string("HOST").pipe(Config.withDefault("127.0.0.1")),
   brand: Config.string("SWARMGATE_BRAND").pipe(Config.withDefault("swarm")),
-  simSeed: Config.integer("SWARMGATE_SIM_SEED").pipe(Config.withDefault(42)),
-  simSpeed: Config.number("SWARMGATE_SIM_SPEED").pipe(Config.withDefault(1)),
-  simNodes: Config.integer("SWARMGATE_SIM_NODES").pipe(Config.withDefault(16)),
   /** How long SIGTERM waits for in-flight requests before closing their connections. */
   drainMillis: Config.integer("SWARMGATE_DRAIN_MS").pipe(Config.withDefault(10_000)),
 })

@@ -5,7 +5,10 @@ import { runCli } from "./Cli"
 import { AuthLive, GatewayLive } from "./Layers"
 import { serverConfig } from "./ServerConfig"
 
-const logLevel = (process.env.LOG_LEVEL ?? "info").toLowerCase()
+// Accepts Effect's level names and the common synonyms (warning, none).
+const synonyms: Record<string, string> = { warning: "warn", none: "off", silent: "off" }
+const requested = (process.env.LOG_LEVEL ?? "info").toLowerCase()
+const logLevel = synonyms[requested] ?? requested
 const level = LogLevel.allLevels.find((l) => l.label.toLowerCase() === logLevel) ?? LogLevel.Info
 
 const serve = Effect.gen(function* () {
@@ -26,6 +29,11 @@ const [command = "serve", ...rest] = process.argv.slice(2)
 const program =
   command === "serve" ? serve : runCli([command, ...rest]).pipe(Effect.provide(AuthLive), Effect.asVoid)
 
-NodeRuntime.runMain(program.pipe(Logger.withMinimumLogLevel(level), Effect.provide(Layer.empty)), {
-  disableErrorReporting: command !== "serve",
-})
+// The server logs JSON lines (request lines are JSON too: see RequestLog.ts); the CLI keeps the pretty logger.
+NodeRuntime.runMain(
+  program.pipe(
+    Logger.withMinimumLogLevel(level),
+    Effect.provide(command === "serve" ? Logger.json : Layer.empty),
+  ),
+  { disableErrorReporting: command !== "serve", disablePrettyLogger: command === "serve" },
+)

@@ -6,15 +6,24 @@ import { AccountRestricted, AccountSuspended, InvalidApiKey } from "@swarmgate/p
 import { Clock, Context, Effect, Layer, Option } from "effect"
 import { keyState, type Principal } from "./Domain"
 import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
-import { Repository, type RepositoryUnavailable } from "./Repository"
+import { Repository, RepositoryUnavailable } from "./Repository"
 
 export interface ApiKeysOptions {
   /** How long a looked-up key (or a miss) is trusted; changes through `invalidate…` apply at once. */
   readonly cacheTtlMillis: number
   readonly maxCacheEntries: number
+  /** A lookup slower than this fails as unavailable instead of holding the request (default 2 s). */
+  readonly lookupTimeoutMillis?: number | undefined
+  /** While lookups fail, a key found within this long keeps its last known state (default 60 s). */
+  readonly staleIfErrorMillis?: number | undefined
 }
 
-export const defaultOptions: ApiKeysOptions = { cacheTtlMillis: 1_000, maxCacheEntries: 100_000 }
+export const defaultOptions: ApiKeysOptions = {
+  cacheTtlMillis: 1_000,
+  maxCacheEntries: 100_000,
+  lookupTimeoutMillis: 2_000,
+  staleIfErrorMillis: 60_000,
+}
 
 export type AuthError = InvalidApiKey | AccountSuspended | AccountRestricted
 
@@ -58,14 +67,32 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       cache.set(hash, { principal, expiresAt: now + options.cacheTtlMillis })
     }
 
+    const lookupTimeout = options.lookupTimeoutMillis ?? 2_000
+    const staleIfError = options.staleIfErrorMillis ?? 60_000
+
     const lookup = (hash: string, now: number) => {
       const hit = cache.get(hash)
       if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit.principal)
-      return Effect.map(repository.findByHash(hash), (found) => {
-        const principal = Option.getOrUndefined(found)
-        remember(hash, principal, now)
-        return principal
-      })
+      return repository.findByHash(hash).pipe(
+        // A stalled database must not hold requests indefinitely; the stuck query is abandoned, not awaited.
+        Effect.disconnect,
+        Effect.timeoutFail({
+          duration: lookupTimeout,
+          onTimeout: () => new RepositoryUnavailable({ cause: `no answer within ${lookupTimeout} ms` }),
+        }),
+        Effect.map((found) => {
+          const principal = Option.getOrUndefined(found)
+          remember(hash, principal, now)
+          return principal
+        }),
+        // While the database is away, a key known a moment ago keeps working; changes made through
+        // the admin API drop it from the cache, so a revoked key is never served this way.
+        Effect.catchTag("RepositoryUnavailable", (error) =>
+          hit?.principal !== undefined && now - hit.expiresAt < staleIfError
+            ? Effect.succeed(hit.principal)
+            : Effect.fail(error),
+        ),
+      )
     }
 
     const check = (principal: Principal | undefined, now: number): Effect.Effect<Principal, AuthError> => {

@@ -1,4 +1,5 @@
 export * as ApiKeys from "./ApiKeys"
 export * from "./Domain"
+export * as InvalidationBus from "./InvalidationBus"
 export * as KeyFormat from "./KeyFormat"
 export * as Repository from "./Repository"

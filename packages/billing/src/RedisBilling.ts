@@ -21,7 +21,7 @@
  */
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Database } from "@swarmgate/store"
-import { Clock, type ConfigError, Effect, Layer, type Redacted, type Scope } from "effect"
+import { Clock, type ConfigError, Effect, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
 import {
   type AccountMoney,
@@ -31,6 +31,7 @@ import {
   BillingUnavailable,
   config as billingConfig,
   defaults,
+  make as makeMemory,
   type ReserveInput,
   refusalError,
   type Settlement,
@@ -51,6 +52,12 @@ export interface RedisBillingOptions extends BillingOptions {
   /** A ledger writer's claim on a batch runs out after this; another writer takes it over. */
   readonly claimMillis?: number | undefined
   readonly commandTimeoutMillis?: number | undefined
+  /**
+   * Redis unreachable: `closed` (default) refuses reservations (the gateway answers 503);
+   * `open` holds against this instance's own memory book instead — exact per instance, not
+   * across them — and applies those charges to the shared book once Redis is back.
+   */
+  readonly onRedisFailure?: "closed" | "open" | undefined
 }
 
 export const DEFAULT_PREFIX = "swarmgate:"
@@ -95,6 +102,22 @@ const readCredits = (ids: ReadonlyArray<string>) =>
     return credits
   })
 
+/**
+ * Credits and committed charges per account in one statement, so a credit landing meanwhile is
+ * either in both figures (balance and credits seen) or in neither.
+ */
+const readMovements = (ids: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{ id: string; credits: number | string; charges: number | string }>`
+      SELECT a.id AS id,
+        COALESCE(SUM(CASE WHEN m.kind = 'credit' THEN m.amount_micros ELSE 0 END), 0) AS credits,
+        COALESCE(SUM(CASE WHEN m.kind = 'charge' THEN m.amount_micros ELSE 0 END), 0) AS charges
+      FROM accounts a LEFT JOIN balance_movements m ON m.account_id = a.id
+      WHERE ${sql.in("a.id", ids)} GROUP BY a.id`
+    return rows.map((r) => ({ id: r.id, credits: toNumber(r.credits), charges: toNumber(r.charges) }))
+  })
+
 const allAccountIds = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   Effect.map(sql<{ id: string }>`SELECT id FROM accounts`, (rows) => rows.map((r) => r.id)),
 )
@@ -134,15 +157,28 @@ export const make = (
     const unavailable =
       (reason: string) =>
       (cause: R.RedisFailure | SqlError.SqlError): BillingUnavailable =>
-        new BillingUnavailable({ reason: `${reason}: ${"reason" in cause ? cause.reason : cause.message}`, cause })
+        new BillingUnavailable({
+          reason: `${reason}: ${"reason" in cause ? cause.reason : cause.message}`,
+          cause,
+        })
 
     // The holds this instance placed and has not resolved: it renews their leases and settles them.
     const local = new Map<string, Hold>()
     // When this instance last re-read an account's credits after a refusal.
     const checkedAt = new Map<string, number>()
     let settledSinceWrite = 0
+    const scope = yield* Effect.scope
     const wake = yield* Effect.makeLatch(false)
     const full = yield* Effect.makeLatch(false)
+
+    // One warning every 10 s while Redis is away, not one per sweep or request.
+    let warnedAt = Number.NEGATIVE_INFINITY
+    const throttled = (message: string) =>
+      Effect.suspend(() => {
+        if (Date.now() - warnedAt < 10_000) return Effect.void
+        warnedAt = Date.now()
+        return Effect.logWarning(message)
+      })
 
     const priceOf = (model: string) => {
       const price = prices.get(model)
@@ -159,23 +195,24 @@ export const make = (
         const now = yield* Clock.currentTimeMillis
         const month = startOfUtcMonth(now)
         for (const batch of chunks(accountIds, 200)) {
-          const accounts = yield* Ledger.loadAccounts(batch, month).pipe(
+          const movements = yield* readMovements(batch).pipe(
             withSql,
             Effect.mapError(unavailable("could not load balances")),
           )
-          const credits = yield* readCredits(batch).pipe(
+          if (movements.length === 0) continue
+          // Charges of an account Redis lacks are all committed: only a seeded account is ever charged.
+          const spent = yield* Ledger.loadAccounts(batch, month).pipe(
             withSql,
-            Effect.mapError(unavailable("could not load credits")),
+            Effect.mapError(unavailable("could not load month spend")),
           )
-          yield* Effect.forEach(
-            accounts,
-            (a) =>
-              run(
-                Scripts.loadAccount,
-                [K.account(a.id)],
-                [a.balanceMicros, credits.get(a.id) ?? 0, month, a.spentMonthMicros, IDLE_TTL_MILLIS],
-              ),
-            { concurrency: 16, discard: true },
+          const spentMonth = new Map(spent.map((a) => [a.id, a.spentMonthMicros]))
+          const args: Array<string | number> = [IDLE_TTL_MILLIS, now]
+          for (const a of movements)
+            args.push(a.credits - a.charges, a.credits, month, spentMonth.get(a.id) ?? 0)
+          yield* run(
+            Scripts.loadAccounts,
+            movements.map((a) => K.account(a.id)),
+            args,
           ).pipe(Effect.mapError(unavailable("could not seed balances")))
         }
         for (const batch of chunks(keyIds, 200)) {
@@ -183,11 +220,12 @@ export const make = (
             withSql,
             Effect.mapError(unavailable("could not load key spend")),
           )
-          yield* Effect.forEach(
-            keys,
-            ([id, spent]) => run(Scripts.loadKey, [K.key(id)], [spent, IDLE_TTL_MILLIS]),
-            { concurrency: 16, discard: true },
-          ).pipe(Effect.mapError(unavailable("could not seed key spend")))
+          if (keys.size === 0) continue
+          yield* run(Scripts.loadKeys, [...keys.keys()].map(K.key), [
+            IDLE_TTL_MILLIS,
+            now,
+            ...keys.values(),
+          ]).pipe(Effect.mapError(unavailable("could not seed key spend")))
         }
       })
 
@@ -217,11 +255,10 @@ export const make = (
           withSql,
           Effect.mapError(unavailable("could not read credits")),
         )
-        yield* Effect.forEach(
-          credits,
-          ([id, total]) => run(Scripts.credit, [K.account(id)], [total]),
-          { concurrency: 16, discard: true },
-        ).pipe(Effect.mapError(unavailable("could not record credits")))
+        yield* Effect.forEach(credits, ([id, total]) => run(Scripts.credit, [K.account(id)], [total]), {
+          concurrency: 16,
+          discard: true,
+        }).pipe(Effect.mapError(unavailable("could not record credits")))
       })
 
     // Rebuild: seed everything the ledger knows that Redis lacks. Redis away at start is not
@@ -232,7 +269,9 @@ export const make = (
       yield* seed(accounts, keys)
     }).pipe(
       Effect.catchTag("BillingUnavailable", (e) =>
-        Effect.logWarning(`billing: seeding Redis from the ledger failed (${e.reason}); seeding on first use`),
+        Effect.logWarning(
+          `billing: seeding Redis from the ledger failed (${e.reason}); seeding on first use`,
+        ),
       ),
     )
 
@@ -262,7 +301,7 @@ export const make = (
       )
     }
 
-    const reserve = (input: ReserveInput) =>
+    const reserveShared = (input: ReserveInput) =>
       Effect.gen(function* () {
         const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
         const now = yield* Clock.currentTimeMillis
@@ -298,6 +337,61 @@ export const make = (
         return hold
       })
 
+    // --- Redis unreachable ----------------------------------------------------------------------
+
+    const redisDown = (e: BillingUnavailable) => e.cause instanceof R.RedisFailure
+    const warnOutage = (what: string, e: BillingUnavailable) =>
+      throttled(`billing: Redis unreachable (${e.reason}); ${what}`)
+
+    // `open` policy: this instance's own memory book, created on the first outage, and the
+    // charges it settled, to be applied to the shared book once Redis answers again.
+    let fallback: BillingShape | undefined
+    const fallbackHolds = new Set<string>()
+    const replay: Array<{ accountId: string; keyId: string; charge: number; at: number }> = []
+    const fallbackLock = yield* Effect.makeSemaphore(1)
+    const memoryBook = fallbackLock.withPermits(1)(
+      Effect.suspend(() =>
+        fallback !== undefined
+          ? Effect.succeed(fallback)
+          : Scope.extend(makeMemory(options), scope).pipe(
+              withSql,
+              Effect.mapError(
+                (e) => new BillingUnavailable({ reason: `memory book: ${e.message}`, cause: e }),
+              ),
+              Effect.tap((book) => {
+                fallback = book
+              }),
+            ),
+      ),
+    )
+
+    const reserve = (input: ReserveInput) =>
+      Effect.catchIf(
+        reserveShared(input),
+        (e): e is BillingUnavailable =>
+          e._tag === "BillingUnavailable" && options.onRedisFailure === "open" && redisDown(e),
+        (e) =>
+          Effect.gen(function* () {
+            yield* warnOutage("holding money per instance (SWARMGATE_LIMITS_ON_REDIS_FAILURE=open)", e)
+            const book = yield* memoryBook
+            const hold = yield* book.reserve(input)
+            fallbackHolds.add(hold.requestId)
+            return hold
+          }),
+      )
+
+    const applyReplayed = Effect.gen(function* () {
+      while (replay.length > 0) {
+        const next = replay[0]!
+        yield* run(
+          Scripts.apply,
+          [K.account(next.accountId), K.key(next.keyId)],
+          [next.charge, startOfUtcMonth(next.at), next.at],
+        )
+        replay.shift()
+      }
+    }).pipe(Effect.ignore)
+
     /** Redis may blink; a charge is worth a few quick retries before it is left to the lease. */
     const retried = <A>(effect: Effect.Effect<A, R.RedisFailure>) =>
       Effect.gen(function* () {
@@ -314,6 +408,17 @@ export const make = (
     const settle = (requestId: string, settlement: Settlement) =>
       Effect.uninterruptible(
         Effect.gen(function* () {
+          if (fallback !== undefined && fallbackHolds.delete(requestId)) {
+            const entry = yield* fallback.settle(requestId, settlement)
+            if (entry !== undefined && entry.costMicros > 0)
+              replay.push({
+                accountId: entry.accountId,
+                keyId: entry.keyId,
+                charge: entry.costMicros,
+                at: entry.createdAt,
+              })
+            return entry
+          }
           const hold = local.get(requestId)
           if (hold === undefined) return undefined
           local.delete(requestId)
@@ -358,11 +463,15 @@ export const make = (
 
     const voidHold = (requestId: string) =>
       Effect.suspend(() => {
+        if (fallback !== undefined && fallbackHolds.delete(requestId)) return fallback.void(requestId)
         if (!local.delete(requestId)) return Effect.succeed(false)
         return run(Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]).pipe(
           Effect.map((reply) => Number(reply) === 1),
           Effect.catchAll((e) =>
-            Effect.as(Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`), false),
+            Effect.as(
+              Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`),
+              false,
+            ),
           ),
         )
       })
@@ -375,11 +484,14 @@ export const make = (
           return ids.length === 0
             ? Effect.succeed(0)
             : Effect.as(
-                Effect.logWarning(`billing: ${ids.length} hold(s) expired unsettled; their money is released`),
+                Effect.logWarning(
+                  `billing: ${ids.length} hold(s) expired unsettled; their money is released`,
+                ),
                 ids.length,
               )
         }),
-        Effect.catchAll((e) => Effect.as(Effect.logWarning(`billing: hold sweep failed: ${e.reason}`), 0)),
+        Effect.catchAll((e) => Effect.as(throttled(`billing: hold sweep failed: ${e.reason}`), 0)),
+        Effect.zipWith(fallback === undefined ? Effect.succeed(0) : fallback.expire, (a, b) => a + b),
       ),
     )
 
@@ -387,10 +499,14 @@ export const make = (
       if (local.size === 0) return
       const until = (yield* Clock.currentTimeMillis) + leaseMillis
       for (const batch of chunks([...local.keys()], RENEW_BATCH)) {
-        const gone = (yield* run(Scripts.renew, [K.holds, K.holdIndex], [until, ...batch])) as ReadonlyArray<string>
+        const gone = (yield* run(
+          Scripts.renew,
+          [K.holds, K.holdIndex],
+          [until, ...batch],
+        )) as ReadonlyArray<string>
         for (const id of gone) local.delete(id)
       }
-    }).pipe(Effect.catchAll((e) => Effect.logWarning(`billing: renewing hold leases failed: ${e.reason}`)))
+    }).pipe(Effect.catchAll((e) => throttled(`billing: renewing hold leases failed: ${e.reason}`)))
 
     // --- the ledger writer ----------------------------------------------------------------------
 
@@ -414,7 +530,9 @@ export const make = (
                 entries.map((e) => e.requestId),
               ).pipe(
                 // Unacknowledged, the claim runs out and the entries are written again: a no-op by request id.
-                Effect.catchAll((e) => Effect.logWarning(`billing: acknowledging written charges failed: ${e.reason}`)),
+                Effect.catchAll((e) =>
+                  Effect.logWarning(`billing: acknowledging written charges failed: ${e.reason}`),
+                ),
               )
         const batched = yield* Effect.either(Ledger.writeBatch(batch).pipe(withSql))
         if (batched._tag === "Right") {
@@ -461,7 +579,9 @@ export const make = (
 
     const logWriteFailure = (e: BillingUnavailable) =>
       Effect.zipRight(
-        Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
+        redisDown(e)
+          ? throttled(`billing: charges wait in Redis, which is unreachable: ${e.reason}`)
+          : Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
         Effect.sleep(1_000),
       )
 
@@ -478,9 +598,11 @@ export const make = (
       yield* flush.pipe(Effect.catchAll(logWriteFailure))
     }).pipe(Effect.forever)
 
-    const renewer = Effect.zipRight(Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3))), renew).pipe(
-      Effect.forever,
-    )
+    const renewer = Effect.gen(function* () {
+      yield* Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3)))
+      yield* renew
+      yield* applyReplayed
+    }).pipe(Effect.forever)
 
     yield* Effect.forkScoped(flusher)
     yield* Effect.forkScoped(sweeper)
@@ -497,16 +619,49 @@ export const make = (
           const result = yield* Effect.either(flush)
           written = result._tag === "Right"
           if (!written) {
-            yield* Effect.logError(`billing: final ledger write failed: ${(result as { left: BillingUnavailable }).left.reason}`)
+            yield* Effect.logError(
+              `billing: final ledger write failed: ${(result as { left: BillingUnavailable }).left.reason}`,
+            )
             yield* sleepReal(200)
           }
         }
+        yield* applyReplayed
+        if (replay.length > 0)
+          yield* Effect.logError(
+            `billing: ${replay.length} charge(s) made while Redis was away are in the ledger but not in the shared book`,
+          )
       }),
     )
 
     // --- the admin side -----------------------------------------------------------------------
 
-    const accountMoney = (accountIds: ReadonlyArray<string>) =>
+    /** The ledger's figures, as the CLI shows them (no open holds): the admin API's view while Redis is away. */
+    const ledgerMoney = (accountIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const movements = yield* readMovements(accountIds)
+        const spent = new Map(
+          (yield* Ledger.loadAccounts(accountIds, startOfUtcMonth(now))).map((a) => [
+            a.id,
+            a.spentMonthMicros,
+          ]),
+        )
+        const result = new Map<string, AccountMoney>()
+        for (const a of movements)
+          result.set(a.id, {
+            availableMicros: a.credits - a.charges,
+            heldMicros: 0,
+            spentMonthMicros: spent.get(a.id) ?? 0,
+          })
+        return result as ReadonlyMap<string, AccountMoney>
+      }).pipe(withSql, Effect.mapError(unavailable("could not read balances")))
+
+    const whileRedisDown =
+      <A>(what: string, instead: Effect.Effect<A, BillingUnavailable>) =>
+      (effect: Effect.Effect<A, BillingUnavailable>) =>
+        Effect.catchIf(effect, redisDown, (e) => Effect.zipRight(warnOutage(what, e), instead))
+
+    const sharedMoney = (accountIds: ReadonlyArray<string>) =>
       Effect.gen(function* () {
         yield* ensure(accountIds, [])
         yield* refreshCredits(accountIds)
@@ -524,12 +679,22 @@ export const make = (
         return result as ReadonlyMap<string, AccountMoney>
       })
 
-    const keySpent = (keyIds: ReadonlyArray<string>) =>
+    const accountMoney = (accountIds: ReadonlyArray<string>) =>
+      sharedMoney(accountIds).pipe(
+        whileRedisDown(
+          "account views show the ledger",
+          Effect.suspend(() =>
+            fallback !== undefined ? fallback.accountMoney(accountIds) : ledgerMoney(accountIds),
+          ),
+        ),
+      )
+
+    const sharedKeySpent = (keyIds: ReadonlyArray<string>) =>
       Effect.gen(function* () {
         yield* ensure([], keyIds)
-        const spent = yield* R.command(() => Promise.all(keyIds.map((id) => redis.hget(K.key(id), "spent")))).pipe(
-          Effect.mapError(unavailable("could not read key spend")),
-        )
+        const spent = yield* R.command(() =>
+          Promise.all(keyIds.map((id) => redis.hget(K.key(id), "spent"))),
+        ).pipe(Effect.mapError(unavailable("could not read key spend")))
         const result = new Map<string, number>()
         keyIds.forEach((id, i) => {
           const value = spent[i]
@@ -538,6 +703,21 @@ export const make = (
         return result as ReadonlyMap<string, number>
       })
 
+    const keySpent = (keyIds: ReadonlyArray<string>) =>
+      sharedKeySpent(keyIds).pipe(
+        whileRedisDown(
+          "key views show the ledger",
+          Effect.suspend(() =>
+            fallback !== undefined
+              ? fallback.keySpent(keyIds)
+              : Ledger.loadKeys(keyIds).pipe(
+                  withSql,
+                  Effect.mapError(unavailable("could not read key spend")),
+                ),
+          ),
+        ),
+      )
+
     const service: BillingShape = {
       prices,
       holdAmount,
@@ -545,16 +725,23 @@ export const make = (
       settle,
       void: voidHold,
       expire,
-      refresh: refreshCredits,
+      // A credit is in the ledger already; the book finds it on a later refresh if Redis is away now.
+      refresh: (accountIds) =>
+        refreshCredits(accountIds).pipe(
+          whileRedisDown("new credits reach the shared book later", Effect.void),
+          Effect.zipRight(fallback === undefined ? Effect.void : fallback.refresh(accountIds)),
+        ),
       accountMoney,
       keySpent,
-      flush,
+      // What Redis holds waits there while it is away; the memory book's charges are written regardless.
+      flush: Effect.zipRight(
+        Effect.suspend(() => (fallback === undefined ? Effect.void : fallback.flush)),
+        flush.pipe(whileRedisDown("queued charges wait in Redis", Effect.void)),
+      ),
       pending: Effect.map(
-        Effect.either(
-          R.command(() => Promise.all([redis.llen(K.queue), redis.hlen(K.claimed)])),
-        ),
+        Effect.either(R.command(() => Promise.all([redis.llen(K.queue), redis.hlen(K.claimed)]))),
         (counts) => ({
-          holds: local.size,
+          holds: local.size + fallbackHolds.size,
           unwritten: counts._tag === "Right" ? counts.right[0] + counts.right[1] : 0,
         }),
       ),
@@ -574,6 +761,7 @@ export const layerConfig = (
     readonly url: Redacted.Redacted
     readonly prefix: string
     readonly leaseMillis: number
+    readonly onRedisFailure?: "closed" | "open" | undefined
   },
 ): Layer.Layer<Billing, SqlError.SqlError | ConfigError.ConfigError, SqlClient.SqlClient> =>
   Layer.scoped(

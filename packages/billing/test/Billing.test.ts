@@ -7,8 +7,8 @@ import { describe, expect, layer } from "@effect/vitest"
 import { Database, TestDatabase } from "@swarmgate/store"
 import { Effect, Either, Exit, FastCheck as fc, type Layer, type Scope, TestClock } from "effect"
 import * as Billing from "../src/Billing"
-import * as RedisBilling from "../src/RedisBilling"
 import * as LedgerCheck from "../src/LedgerCheck"
+import * as RedisBilling from "../src/RedisBilling"
 import { creditInSql, eventually, ledgerOf, PRICES, request, seed } from "./support/Fixtures"
 import { describeRedis } from "./support/Redis"
 
@@ -488,7 +488,7 @@ const suite = (
             yield* expectLedgerOk
           }),
         ),
-      { fastCheck: { numRuns: 25 } },
+      { fastCheck: { numRuns: 25 }, timeout: 60_000 },
     )
 
     it.scoped("a reservation for an account that is not loaded yet loads it once", () =>

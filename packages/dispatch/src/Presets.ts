@@ -39,7 +39,8 @@ export const defaultPresets = (brand = "swarm"): ReadonlyArray<Preset> => [
     id: `${brand}-prime`,
     created: CREATED,
     ownedBy: brand,
-    strategy: "single",
+    // The swarm's answer: k nodes write, their peers judge (README: The swarm).
+    strategy: "consensus",
     vision: true,
     maxContextTokens: 32_768,
     maxOutputTokens: 4_096,

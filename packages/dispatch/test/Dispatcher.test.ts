@@ -9,7 +9,8 @@ import * as SimTransport from "../src/SimTransport"
 
 // --- fixtures --------------------------------------------------------------------------------
 
-const presets = Presets.defaultPresets("test")
+// Most suites here test the single-node strategy; `-prime` defaults to consensus (the Swarm suite tests it).
+const presets = Presets.defaultPresets("test").map((preset): Presets.Preset => ({ ...preset, strategy: "single" }))
 const prime = presets[0]!
 const swift = presets[1]!
 
@@ -94,8 +95,8 @@ describe("lookups", () => {
 
   it("default presets: <brand>-prime with vision and <brand>-swift without, with fixed creation times", () => {
     const [p, s] = Presets.defaultPresets()
-    expect(p).toMatchObject({ id: "swarm-prime", ownedBy: "swarm", vision: true, strategy: "single" })
-    expect(s).toMatchObject({ id: "swarm-swift", ownedBy: "swarm", vision: false })
+    expect(p).toMatchObject({ id: "swarm-prime", ownedBy: "swarm", vision: true, strategy: "consensus" })
+    expect(s).toMatchObject({ id: "swarm-swift", ownedBy: "swarm", vision: false, strategy: "single" })
     expect(s!.maxContextTokens).toBeLessThan(p!.maxContextTokens)
     expect(p!.maxOutputTokens).toBeLessThanOrEqual(p!.maxContextTokens)
     expect(Presets.defaultPresets()).toEqual(Presets.defaultPresets())

@@ -20,6 +20,8 @@ import {
 import { AdmissionUnavailable, type ErrorType, InvalidRequest } from "@swarmgate/protocol"
 import { Database } from "@swarmgate/store"
 import { Clock, Effect, Either, ParseResult, Schema } from "effect"
+import * as BillingAdmin from "./BillingAdmin"
+import * as Limits from "./Limits"
 
 export interface AdminRequest {
   readonly method: string
@@ -308,20 +310,38 @@ const spentByKey = (keyIds: ReadonlyArray<string>) =>
   }).pipe(fromSql)
 
 const presentAccounts = (accounts: ReadonlyArray<Account>) =>
-  Effect.map(spentThisMonth(accounts.map((a) => a.id)), (spent) =>
-    accounts.map((account) =>
-      // Nothing is held until billing places holds for in-flight requests.
-      accountView(account, { heldMicros: 0, spentMonthMicros: spent.get(account.id) ?? 0 }),
-    ),
+  Effect.flatMap(BillingAdmin.accountMoney(accounts.map((a) => a.id)), (live) =>
+    live !== undefined
+      ? // In the server: the billing book, with open holds and charges not yet written.
+        Effect.succeed(
+          accounts.map((account) => {
+            const money = live.get(account.id) ?? {
+              availableMicros: account.balanceMicros,
+              heldMicros: 0,
+              spentMonthMicros: 0,
+            }
+            return accountView({ ...account, balanceMicros: money.availableMicros }, money)
+          }),
+        )
+      : Effect.map(spentThisMonth(accounts.map((a) => a.id)), (spent) =>
+          accounts.map((account) =>
+            // The CLI (another process) cannot see a server's holds: the ledger alone.
+            accountView(account, { heldMicros: 0, spentMonthMicros: spent.get(account.id) ?? 0 }),
+          ),
+        ),
   )
 
 const presentAccount = (account: Account) => Effect.map(presentAccounts([account]), (views) => views[0]!)
 
 const presentKeys = (keys: ReadonlyArray<ApiKey>) =>
-  Effect.flatMap(spentByKey(keys.map((k) => k.id)), (spent) =>
-    Effect.map(Clock.currentTimeMillis, (now) =>
-      keys.map((key) => keyView(key, spent.get(key.id) ?? 0, now)),
+  Effect.flatMap(
+    Effect.flatMap(BillingAdmin.keySpent(keys.map((k) => k.id)), (live) =>
+      live !== undefined ? Effect.succeed(live) : spentByKey(keys.map((k) => k.id)),
     ),
+    (spent) =>
+      Effect.map(Clock.currentTimeMillis, (now) =>
+        keys.map((key) => keyView(key, spent.get(key.id) ?? 0, now)),
+      ),
   )
 
 const presentKey = (key: ApiKey) => Effect.map(presentKeys([key]), (views) => views[0]!)
@@ -353,9 +373,14 @@ export const createAccount = (body: unknown): Admin<AccountView> =>
     return yield* presentAccount(account)
   })
 
-export const getAccount = (id: string): Admin<AccountView> =>
+/** With `usage_now` (the limit state) where this process admits requests: the server, not the CLI. */
+export const getAccount = (id: string): Admin<AccountView & { readonly usage_now?: Limits.UsageNow }> =>
   Effect.flatMap(repository, (repo) => fromRepository(repo.getAccount(id))).pipe(
-    Effect.flatMap(presentAccount),
+    Effect.flatMap((account) =>
+      Effect.zipWith(presentAccount(account), Limits.usageNowOf(account), (view, usage_now) =>
+        usage_now === undefined ? view : { ...view, usage_now },
+      ),
+    ),
   )
 
 export const listAccounts = (): Admin<{ data: ReadonlyArray<AccountView> }> =>
@@ -390,6 +415,7 @@ export const creditAccount = (id: string, body: unknown): Admin<AccountView> =>
     const account = yield* fromRepository(repo.addCredit(id, usdToMicros(input.amount_usd)))
     // Cached principals carry the balance; the next request must see the credit.
     yield* (yield* apiKeys).invalidateAccount(id)
+    yield* BillingAdmin.afterCredit(id)
     return yield* presentAccount(account)
   })
 
@@ -459,6 +485,14 @@ export const listUsage = (
     return { data: rows.map(usageView) }
   })
 
+/** Prices per preset (USD per million tokens); 404 where nothing is billed (no billing service). */
+export const listPrices = (): Admin<unknown> =>
+  Effect.flatMap(BillingAdmin.priceList, (prices) =>
+    prices === undefined
+      ? Effect.fail(new AdminNotFound({ message: "Billing is not configured." }))
+      : Effect.succeed(prices),
+  )
+
 // --- routing -----------------------------------------------------------------------
 
 const USAGE_QUERY_FIELDS = ["account_id", "key_id", "limit"] as const
@@ -495,6 +529,7 @@ const route = (segments: ReadonlyArray<string>): Handlers | undefined => {
     return undefined
   }
   if (collection === "usage" && id === undefined) return { GET: (r) => listUsage(queryRecord(r.query)) }
+  if (collection === "prices" && id === undefined) return { GET: () => listPrices() }
   return undefined
 }
 

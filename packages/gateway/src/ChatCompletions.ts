@@ -49,7 +49,8 @@ class CappedText {
   constructor(readonly cap: number) {}
   add(delta: string): string {
     if (this.capped || delta.length === 0) return ""
-    const n = Tokens.count(delta)
+    // Bounded by what may still be sent: a huge delta from a node costs no more than the cap.
+    const n = Tokens.count(delta, this.cap - this.tokens)
     if (this.tokens + n <= this.cap) {
       this.text += delta
       this.tokens += n

@@ -11,6 +11,8 @@ export interface GatewayConfigShape {
   readonly maxImageBytes: number
   /** 408 when the body has not arrived this long after the request started (spec: 55 s). */
   readonly bodyTimeoutMillis: number
+  /** The request line and headers must arrive within this (slow-header clients are cut with 408). */
+  readonly headersTimeoutMillis: number
   /** A comment line on a stream that has been silent this long. */
   readonly keepAliveIntervalMillis: number
   /** `Authorization: Bearer …` for `/admin/v1`; the admin API is off when absent. */
@@ -26,6 +28,7 @@ export const defaults: GatewayConfigShape = {
   maxBodyBytes: 8 * 1024 * 1024,
   maxImageBytes: 5 * 1024 * 1024,
   bodyTimeoutMillis: 55_000,
+  headersTimeoutMillis: 10_000,
   keepAliveIntervalMillis: 15_000,
   adminToken: Option.none(),
 }
@@ -35,6 +38,10 @@ export const config = Config.all({
   maxImageBytes: Config.integer("SWARMGATE_MAX_IMAGE_BYTES").pipe(Config.withDefault(defaults.maxImageBytes)),
   bodyTimeoutMillis: Config.integer("SWARMGATE_BODY_TIMEOUT_MS").pipe(
     Config.withDefault(defaults.bodyTimeoutMillis),
+  ),
+  headersTimeoutMillis: Config.integer("SWARMGATE_HEADERS_TIMEOUT_MS").pipe(
+    Config.validate({ message: "SWARMGATE_HEADERS_TIMEOUT_MS must be at least 1", validation: (n) => n >= 1 }),
+    Config.withDefault(defaults.headersTimeoutMillis),
   ),
   keepAliveIntervalMillis: Config.integer("SWARMGATE_KEEPALIVE_MS").pipe(
     Config.withDefault(defaults.keepAliveIntervalMillis),

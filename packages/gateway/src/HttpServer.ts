@@ -9,7 +9,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Repository } from "@swarmgate/auth"
-import { Dispatcher, type SwarmNode } from "@swarmgate/dispatch"
+import type { Billing as BillingService } from "@swarmgate/billing"
+import { Dispatcher } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
   type ApiError,
@@ -24,17 +25,26 @@ import {
   streamErrorEvent,
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
+import type { Quota } from "@swarmgate/quota"
 import { Cause, Effect, Either, FiberId, Option, Redacted, Runtime } from "effect"
 import { handleAdmin } from "./Admin"
+import * as AdminNodes from "./AdminNodes"
+import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
+import { onClientError } from "./internal/ClientErrors"
+import * as Limits from "./Limits"
 import * as Models from "./Models"
+import * as Operations from "./Operations"
 import { normalize, type PresetView } from "./RequestPolicy"
 
 export type GatewayServices =
   | ApiKeys.ApiKeys
+  | BillingService.Billing
   | Dispatcher.Dispatcher
   | GatewayConfig
+  | Limits.LimitsConfig
+  | Quota.Quota
   | Repository.Repository
   | SqlClient.SqlClient
 
@@ -183,7 +193,8 @@ const authenticate = (req: IncomingMessage) =>
 
 const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number) =>
   Effect.gen(function* () {
-    yield* authenticate(req)
+    const principal = yield* authenticate(req)
+    Operations.notePrincipal(res, principal)
     if (!isJsonContentType(req.headers["content-type"])) {
       return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
     }
@@ -198,40 +209,32 @@ const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: st
       (id) => views.get(id),
       config.maxImageBytes,
     )
-    yield* ChatCompletions.respond(res, requestId, request, ChatCompletions.newOutcome())
+    Operations.noteRequest(res, request)
+    const outcome = ChatCompletions.newOutcome()
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        // Released when this scope closes; rate and quota units refunded unless generation started.
+        const permit = yield* Limits.admit(res, principal, request.preset.id, outcome).pipe(
+          Operations.admission(res),
+        )
+        // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
+        yield* Billing.hold(principal, requestId, request, outcome)
+        yield* ChatCompletions.respond(res, requestId, request, outcome).pipe(Limits.commitOnStart(permit))
+      }).pipe(Operations.instrument(res)),
+    )
   })
 
-/** Vision is a property of the nodes behind a preset. */
-const viewsByDispatcher = new WeakMap<Dispatcher.DispatcherShape, Map<string, PresetView>>()
+/** Vision is a property of the nodes behind a preset; nodes come and go, so it is looked up per request. */
 const presetViews = Effect.map(Dispatcher.Dispatcher, (dispatcher) => {
-  let views = viewsByDispatcher.get(dispatcher)
-  if (views === undefined) {
-    views = new Map()
-    for (const preset of dispatcher.presets) {
-      views.set(preset.id, {
-        preset,
-        vision: preset.vision && dispatcher.nodesFor(preset.id).some((n) => n.vision),
-      })
-    }
-    viewsByDispatcher.set(dispatcher, views)
+  const views = new Map<string, PresetView>()
+  for (const preset of dispatcher.presets) {
+    views.set(preset.id, {
+      preset,
+      vision: preset.vision && dispatcher.nodesFor(preset.id).some((n) => n.vision),
+    })
   }
   return views
 })
-
-/** Node state for operators (`GET /admin/v1/nodes`). */
-const nodesView = (dispatcher: Dispatcher.DispatcherShape) => {
-  const nodes = new Map<string, SwarmNode>()
-  for (const preset of dispatcher.presets)
-    for (const node of dispatcher.nodesFor(preset.id)) nodes.set(node.id, node)
-  return [...nodes.values()].map((node) => ({
-    id: node.id,
-    object: "node",
-    models: Object.fromEntries(node.models),
-    capacity: node.capacity,
-    in_flight: dispatcher.inFlight(node.id),
-    vision: node.vision,
-  }))
-}
 
 const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
   const header = req.headers.authorization ?? ""
@@ -269,17 +272,15 @@ const admin = (
     }
     const url = req.url ?? "/"
     const q = url.indexOf("?")
-    if (segments[0] === "nodes" && segments.length === 1) {
-      if (req.method !== "GET") return empty(res, 405, { allow: "GET" })
-      const dispatcher = yield* Dispatcher.Dispatcher
-      return sendJson(res, 200, { data: nodesView(dispatcher) })
-    }
-    const response = yield* handleAdmin({
-      method: req.method ?? "GET",
-      segments,
-      query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)),
-      body,
-    })
+    const response =
+      segments[0] === "nodes"
+        ? yield* AdminNodes.handle(req.method ?? "GET", segments.slice(1), body)
+        : yield* handleAdmin({
+            method: req.method ?? "GET",
+            segments,
+            query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)),
+            body,
+          })
     if (response.body === undefined) return empty(res, response.status)
     sendJson(res, response.status, response.body)
   })
@@ -317,13 +318,21 @@ const route = (req: IncomingMessage, res: ServerResponse, requestId: string, sta
   return { _tag: "Empty", status: 404 }
 }
 
-/** The `node:http` request listener, running each request on `runtime`. */
-export const makeListener = (runtime: Runtime.Runtime<GatewayServices>) => {
+/**
+ * The `node:http` request listener, running each request on `runtime`; with
+ * `ops`, also `/readyz`, `/metrics`, the drain, metrics and request logs.
+ */
+export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Operations.Operations) => {
   const runFork = Runtime.runFork(runtime)
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()
     const requestId = newRequestId()
     res.setHeader(REQUEST_ID_HEADER, requestId)
+    if (ops !== undefined) {
+      const url = req.url ?? "/"
+      const q = url.indexOf("?")
+      if (Operations.intercept(ops, req, res, requestId, startedAt, q < 0 ? url : url.slice(0, q))) return
+    }
     let decided: Route
     try {
       decided = route(req, res, requestId, startedAt)
@@ -347,11 +356,13 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>) => {
           if (!isApiError(Option.getOrUndefined(failure))) {
             console.error(`[${requestId}] internal error`, Cause.pretty(cause))
           }
+          Operations.noteError(res, error._tag === "ValidationFailed" ? "validation_failed" : error.code)
           writeError(req, res, requestId, error)
         }),
       ),
     )
     const fiber = runFork(program)
+    if (ops !== undefined) Operations.track(ops, fiber, res)
     res.on("close", () => {
       if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)
     })
@@ -365,35 +376,30 @@ export interface ListenOptions {
   readonly drainMillis?: number | undefined
 }
 
-/** Listens until the scope closes; closing stops accepting and ends idle connections. */
+/** Listens until the scope closes; closing drains the server (Drain.ts). */
 export const listen = (options: ListenOptions) =>
   Effect.gen(function* () {
     const config = yield* GatewayConfig
     const runtime = yield* Effect.runtime<GatewayServices>()
+    const ops = yield* Operations.make
     const server: Server = createServer(
       {
         // Our own 408 comes first; Node's limits only catch what escapes it.
         requestTimeout: config.bodyTimeoutMillis + 5_000,
-        headersTimeout: Math.min(30_000, config.bodyTimeoutMillis + 5_000),
+        headersTimeout: Math.min(config.headersTimeoutMillis, config.bodyTimeoutMillis + 5_000),
         keepAliveTimeout: 5_000,
-        connectionsCheckingInterval: Math.min(1_000, config.bodyTimeoutMillis),
+        connectionsCheckingInterval: Math.min(1_000, config.bodyTimeoutMillis, config.headersTimeoutMillis),
       },
-      makeListener(runtime),
+      makeListener(runtime, ops),
     )
+    server.on("clientError", onClientError)
     yield* Effect.acquireRelease(
       Effect.async<void, Error>((resume) => {
         server.once("error", (e) => resume(Effect.fail(e)))
         server.listen(options.port, options.host, () => resume(Effect.void))
       }),
-      () =>
-        Effect.async<void>((resume) => {
-          const deadline = setTimeout(() => server.closeAllConnections(), options.drainMillis ?? 10_000)
-          server.close(() => {
-            clearTimeout(deadline)
-            resume(Effect.void)
-          })
-          server.closeIdleConnections()
-        }),
+      // The drain: see Drain.ts for the sequence.
+      () => ops.drainer.shutdown(server, options.drainMillis ?? 10_000),
     )
     const address = server.address() as AddressInfo
     return { server, port: address.port, host: address.address }

@@ -226,11 +226,12 @@ export const normalize = (
       })
     }
 
-    const promptTokens = Tokens.promptTokens(messages)
+    // Counting stops past the context: a huge prompt costs no more than one that fits.
+    const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1)
     if (promptTokens >= preset.maxContextTokens) {
       return yield* invalid(
         "messages",
-        `The prompt is ${promptTokens} tokens; ${preset.id} accepts at most ${preset.maxContextTokens - 1}.`,
+        `The prompt is longer than the ${preset.maxContextTokens - 1} tokens ${preset.id} accepts.`,
       )
     }
     // The smaller cap wins; caps above what the preset can produce are clamped (README: token caps).

@@ -1,8 +1,20 @@
 /**
  * Token counting by the gateway itself (usage is never taken from a node):
  * `gpt-tokenizer` with o200k_base, and OpenAI's chat framing for prompts.
+ *
+ * The text is untrusted (prompts, node output), so counting never throws and
+ * stays linear in the text:
+ * - special-token text such as `<|endoftext|>` is ordinary text here (the
+ *   library refuses it by default, which would be a 500);
+ * - the library merges each pre-tokenizer piece in time quadratic in the
+ *   piece's length (100,000 CJK characters in one piece take over a minute),
+ *   so a piece longer than `MAX_PIECE` characters — an unbroken run of
+ *   whitespace, of one repeated character, or of unpunctuated CJK — is counted
+ *   in slices of `MAX_PIECE`. Every other piece, so all ordinary text, is
+ *   counted exactly.
  */
-import { countTokens, decode, encode } from "gpt-tokenizer"
+import { countTokens, decode, encode, isWithinTokenLimit } from "gpt-tokenizer"
+import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
 
 /** Framing tokens around each message, and the reply primer, as OpenAI counts them. */
 const PER_MESSAGE = 3
@@ -11,23 +23,109 @@ const REPLY_PRIMER = 3
 export const IMAGE_TOKENS_LOW = 85
 export const IMAGE_TOKENS_DEFAULT = 765
 
+/** Longest pre-tokenizer piece counted whole (a 128-character piece costs well under a millisecond). */
+export const MAX_PIECE = 128
+
+/** Characters of ordinary text handed to the library at once. */
+const STRETCH = 65_536
+
+const PLAIN = { disallowedSpecial: new Set<string>() }
+
 export interface CountableMessage {
   readonly content: string
   readonly name?: string | undefined
   readonly imageTokens: number
 }
 
-export const count = (text: string): number => (text.length === 0 ? 0 : countTokens(text))
+const isHighSurrogate = (code: number) => code >= 0xd800 && code <= 0xdbff
 
-export const promptTokens = (messages: ReadonlyArray<CountableMessage>): number => {
+function* slices(text: string): Generator<string> {
+  for (let i = 0; i < text.length; ) {
+    let end = Math.min(text.length, i + MAX_PIECE)
+    if (end < text.length && isHighSurrogate(text.charCodeAt(end - 1))) end--
+    yield text.slice(i, end)
+    i = end
+  }
+}
+
+/** `text` in consecutive parts the library may count whole: ordinary stretches, and long pieces in slices. */
+function* segments(text: string): Generator<string> {
+  if (text.length <= MAX_PIECE) {
+    yield text
+    return
+  }
+  let from = 0
+  const pieces = text.matchAll(O200K_TOKEN_SPLIT_REGEX)
+  while (true) {
+    let next: IteratorResult<RegExpExecArray>
+    try {
+      next = pieces.next()
+    } catch {
+      // The split regex runs out of backtracking stack on a run of millions of letters: slice the rest.
+      yield* slices(text.slice(from))
+      return
+    }
+    if (next.done) break
+    const piece = next.value[0]
+    if (piece.length <= MAX_PIECE) {
+      // Ordinary text goes out in stretches, so that a caller's limit can stop the scan early.
+      if (next.value.index - from >= STRETCH) {
+        yield text.slice(from, next.value.index)
+        from = next.value.index
+      }
+      continue
+    }
+    if (next.value.index > from) yield text.slice(from, next.value.index)
+    yield* slices(piece)
+    from = next.value.index + piece.length
+  }
+  if (from < text.length) yield text.slice(from)
+}
+
+/**
+ * Tokens of `text`: exact while at most `limit`; past it, some number above
+ * `limit` (counting stops early, so a huge text costs what the limit allows).
+ */
+export const count = (text: string, limit = Number.POSITIVE_INFINITY): number => {
+  if (text.length === 0) return 0
+  let total = 0
+  for (const segment of segments(text)) {
+    if (Number.isFinite(limit) && segment.length > MAX_PIECE) {
+      const within = isWithinTokenLimit(segment, limit - total, PLAIN)
+      if (within === false) return limit + 1
+      total += within
+    } else {
+      total += countTokens(segment, PLAIN)
+    }
+    if (total > limit) return total
+  }
+  return total
+}
+
+/** The prompt's tokens: exact while at most `limit`, otherwise some number above it. */
+export const promptTokens = (
+  messages: ReadonlyArray<CountableMessage>,
+  limit = Number.POSITIVE_INFINITY,
+): number => {
   let total = REPLY_PRIMER
   for (const m of messages) {
-    total += PER_MESSAGE + count(m.content) + m.imageTokens
-    if (m.name !== undefined) total += 1 + count(m.name)
+    total += PER_MESSAGE + count(m.content, limit - total) + m.imageTokens
+    if (m.name !== undefined) total += 1 + count(m.name, limit - total)
+    if (total > limit) return total
   }
   return total
 }
 
 /** The longest prefix of `text` that is at most `tokens` tokens. */
-export const truncate = (text: string, tokens: number): string =>
-  tokens <= 0 ? "" : decode(encode(text).slice(0, tokens))
+export const truncate = (text: string, tokens: number): string => {
+  if (tokens <= 0) return ""
+  let kept = ""
+  let used = 0
+  for (const segment of segments(text)) {
+    const ids = encode(segment, PLAIN)
+    if (used + ids.length > tokens) return kept + decode(ids.slice(0, tokens - used))
+    kept += segment
+    used += ids.length
+  }
+  return kept
+}

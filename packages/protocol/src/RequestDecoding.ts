@@ -116,17 +116,48 @@ export const toValidationDetail = (
 }
 
 const decodeRequest = Schema.decodeUnknownEither(ChatCompletionRequest, { errors: "all" })
+const decodeRequestFirst = Schema.decodeUnknownEither(ChatCompletionRequest, { errors: "first" })
 const decodeText = Schema.decodeUnknownEither(TextPart, { errors: "all" })
 const decodeImage = Schema.decodeUnknownEither(ImageUrlPart, { errors: "all" })
 
+/**
+ * A body with more JSON values than this is refused before its shape is
+ * checked: decoding costs time per value (a million values take seconds).
+ */
+export const MAX_JSON_VALUES = 100_000
+
+/** Up to this many JSON values every shape error is reported; above, only the first (bounded work). */
+export const ALL_ERRORS_MAX_VALUES = 2_000
+
+/** The JSON values in `body` (itself, elements, property values), counted up to just past `limit`. */
+const countValues = (body: unknown, limit: number): number => {
+  let seen = 0
+  // A stack, not recursion: a body may nest arrays 100,000 deep.
+  const stack: Array<unknown> = [body]
+  while (stack.length > 0) {
+    const value = stack.pop()
+    if (++seen > limit) return seen
+    if (Array.isArray(value)) {
+      if (seen + stack.length + value.length > limit) return limit + 1
+      for (const element of value) stack.push(element)
+    } else if (typeof value === "object" && value !== null) {
+      for (const key in value) {
+        if (seen + stack.length >= limit) return limit + 1
+        stack.push((value as Record<string, unknown>)[key])
+      }
+    }
+  }
+  return seen
+}
+
 /** `text` / `image_url` part errors, read off the raw body so they are reported alongside any other error. */
-const partDetail = (body: unknown): Array<ValidationDetail> => {
+const partDetail = (body: unknown, max: number): Array<ValidationDetail> => {
   const detail: Array<ValidationDetail> = []
   if (!Predicate.isRecord(body) || !Array.isArray(body.messages)) return detail
   body.messages.forEach((message: unknown, i: number) => {
-    if (!Predicate.isRecord(message) || !Array.isArray(message.content)) return
+    if (detail.length >= max || !Predicate.isRecord(message) || !Array.isArray(message.content)) return
     message.content.forEach((part: unknown, j: number) => {
-      if (!Predicate.isRecord(part)) return
+      if (detail.length >= max || !Predicate.isRecord(part)) return
       const decode: ((u: unknown) => Either.Either<unknown, ParseResult.ParseError>) | undefined =
         part.type === "text" ? decodeText : part.type === "image_url" ? decodeImage : undefined
       const result = decode?.(part)
@@ -140,13 +171,26 @@ const partDetail = (body: unknown): Array<ValidationDetail> => {
 
 /**
  * Decodes a parsed JSON body. Shape errors (including those of `text` and
- * `image_url` content parts) become one `ValidationFailed` with every entry.
+ * `image_url` content parts) become one `ValidationFailed` with every entry
+ * (only the first for a body of more than `ALL_ERRORS_MAX_VALUES` values).
  */
 export const decodeChatCompletionRequest = (
   body: unknown,
 ): Either.Either<ChatCompletionRequest, ValidationFailed> => {
-  const decoded = decodeRequest(body)
-  const detail = [...(Either.isLeft(decoded) ? toValidationDetail(decoded.left) : []), ...partDetail(body)]
+  const values = countValues(body, MAX_JSON_VALUES)
+  if (values > MAX_JSON_VALUES) {
+    return Either.left(
+      new ValidationFailed({
+        detail: [
+          { loc: ["body"], msg: `The body holds more than ${MAX_JSON_VALUES} JSON values`, type: "too_long" },
+        ],
+      }),
+    )
+  }
+  const all = values <= ALL_ERRORS_MAX_VALUES
+  const decoded = all ? decodeRequest(body) : decodeRequestFirst(body)
+  const detail = Either.isLeft(decoded) ? toValidationDetail(decoded.left) : []
+  if (all || detail.length === 0) detail.push(...partDetail(body, all ? Number.POSITIVE_INFINITY : 1))
   if (Either.isLeft(decoded) || detail.length > 0) return Either.left(new ValidationFailed({ detail }))
   return Either.right(decoded.right)
 }

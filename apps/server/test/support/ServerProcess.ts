@@ -24,6 +24,18 @@ export interface RunningServer {
   readonly stop: () => Promise<void>
 }
 
+/**
+ * Most suites test single-node behaviour (timing, cancellation, hedging,
+ * capacity) on swarm-prime, whose shipped strategy is consensus: they get
+ * `strategy: single` for it unless they set its strategy themselves or ask for
+ * the shipped presets (`SWARMGATE_PRESETS: "{}"`, as Consensus.e2e does).
+ */
+const presetsFor = (env: Record<string, string>): string => {
+  if (env.SWARMGATE_PRESETS === "{}") return "{}"
+  const given = JSON.parse(env.SWARMGATE_PRESETS ?? "{}") as Record<string, Record<string, unknown>>
+  return JSON.stringify({ ...given, "swarm-prime": { strategy: "single", ...given["swarm-prime"] } })
+}
+
 export const startServer = async (env: Record<string, string> = {}): Promise<RunningServer> => {
   const dir = mkdtempSync(join(tmpdir(), "swarmgate-e2e-"))
   const databaseUrl = env.DATABASE_URL ?? `sqlite:${join(dir, "swarmgate.db")}`
@@ -37,6 +49,7 @@ export const startServer = async (env: Record<string, string> = {}): Promise<Run
       SWARMGATE_SIM_SPEED: "20",
       LOG_LEVEL: "warning",
       ...env,
+      SWARMGATE_PRESETS: presetsFor(env),
     },
     stdio: ["ignore", "pipe", "pipe"],
   })
@@ -75,7 +88,8 @@ export const startServer = async (env: Record<string, string> = {}): Promise<Run
       return { status: response.status, body: (text.length > 0 ? JSON.parse(text) : undefined) as never }
     },
     stop: async () => {
-      if (child.exitCode === null) {
+      // A process killed by a signal keeps exitCode null: it has exited all the same.
+      if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((resolve) => child.once("exit", resolve))
         child.kill("SIGTERM")
         await Promise.race([exited, new Promise((r) => setTimeout(r, 5_000))])

@@ -30,7 +30,9 @@ export const connect = (
           }),
       ),
       (client) =>
+        // Releases run uninterruptibly: the timeout can only cut an interruptible quit (one queued behind a reconnect).
         Effect.promise(() => client.quit().catch(() => undefined)).pipe(
+          Effect.interruptible,
           Effect.timeout(1_000),
           Effect.ignore,
           Effect.ensuring(Effect.sync(() => client.disconnect())),

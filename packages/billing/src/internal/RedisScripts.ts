@@ -11,8 +11,9 @@
  * 2^53.
  *
  * Layout under `<prefix>{billing}:`
- *   a:<account>  hash  bal (credits − settled charges), cred (credits seen), held, month, spm
- *   k:<key>      hash  spent, held
+ *   a:<account>  hash  bal (credits − settled charges), cred (credits seen), held, month, spm,
+ *                      seeded (when it was seeded from the ledger)
+ *   k:<key>      hash  spent, held, seeded
  *   h            hash  request id → hold (JSON)
  *   hx           zset  request id → due: min(expiry, lease); past it the hold is voided
  *   q            list  settled charges not yet claimed by a ledger writer (JSON)
@@ -142,23 +143,36 @@ return gone
 `)
 
 /**
- * KEYS: account. ARGV: balance, credits, month start, month spend, ttl.
- * Seeds an account from the ledger unless Redis already has it: instances
- * starting together, or racing on a new account, agree on the first seed.
+ * KEYS: account hashes… ARGV: ttl, seed time, then per account: balance,
+ * credits, month start, month spend. Seeds each account from the ledger unless Redis already
+ * has it: instances starting together, or racing on a new account, agree on
+ * the first seed. Reply: how many were seeded.
  */
-export const loadAccount = script(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'bal', ARGV[1], 'cred', ARGV[2], 'held', 0, 'month', ARGV[3], 'spm', ARGV[4])
-touch(KEYS[1], tonumber(ARGV[5]))
-return 1
+export const loadAccounts = script(`
+local seeded = 0
+for i, a in ipairs(KEYS) do
+  if redis.call('EXISTS', a) == 0 then
+    local j = 3 + (i - 1) * 4
+    redis.call('HSET', a, 'bal', ARGV[j], 'cred', ARGV[j + 1], 'held', 0, 'month', ARGV[j + 2], 'spm', ARGV[j + 3],
+      'seeded', ARGV[2])
+    touch(a, tonumber(ARGV[1]))
+    seeded = seeded + 1
+  end
+end
+return seeded
 `)
 
-/** KEYS: key. ARGV: spent, ttl. Seeds a key unless present. */
-export const loadKey = script(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'spent', ARGV[1], 'held', 0)
-touch(KEYS[1], tonumber(ARGV[2]))
-return 1
+/** KEYS: key hashes… ARGV: ttl, seed time, then each key's spend. Seeds the keys Redis lacks. */
+export const loadKeys = script(`
+local seeded = 0
+for i, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 0 then
+    redis.call('HSET', k, 'spent', ARGV[i + 2], 'held', 0, 'seeded', ARGV[2])
+    touch(k, tonumber(ARGV[1]))
+    seeded = seeded + 1
+  end
+end
+return seeded
 `)
 
 /**
@@ -250,4 +264,23 @@ for i = #ARGV, 1, -1 do
   end
 end
 return #ARGV
+`)
+
+/**
+ * KEYS: account, key. ARGV: charge, month start of the charge, when it was settled.
+ * A charge settled while Redis was unreachable (`open` policy: the instance's
+ * memory book held it) reaches the shared book. An account or key seeded from
+ * the ledger after the charge already has it.
+ */
+export const apply = script(`
+local charge, month, at = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 1 and num(redis.call('HGET', KEYS[1], 'seeded')) < at then
+  roll(KEYS[1], month)
+  redis.call('HINCRBY', KEYS[1], 'bal', fmt(-charge))
+  if num(redis.call('HGET', KEYS[1], 'month')) == month then redis.call('HINCRBY', KEYS[1], 'spm', fmt(charge)) end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 and num(redis.call('HGET', KEYS[2], 'seeded')) < at then
+  redis.call('HINCRBY', KEYS[2], 'spent', fmt(charge))
+end
+return 1
 `)

@@ -47,7 +47,8 @@ export const describeRedis = (
     })
     return
   }
-  if (redisUrl === undefined) console.warn(`[skipped] ${name}: TEST_REDIS_URL is not set, Redis tests skipped`)
+  if (redisUrl === undefined)
+    console.warn(`[skipped] ${name}: TEST_REDIS_URL is not set, Redis tests skipped`)
   describe.skipIf(redisUrl === undefined)(name, () => {
     const url = redisUrl ?? ""
     const prefix = randomPrefix("billing")

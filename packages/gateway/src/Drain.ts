@@ -1,0 +1,184 @@
+/**
+ * Graceful drain, the shutdown sequence of one instance (SIGTERM →
+ * `NodeRuntime.runMain` interrupts the main fiber → the server's scope
+ * closes → `shutdown` below, before any service layer is released):
+ *
+ * 1. At once: `/readyz` answers 503, the listening socket closes (new
+ *    connections go to other instances), and a request arriving on a
+ *    connection that is already open gets 503 `server_draining` with
+ *    `Retry-After` and `Connection: close`.
+ * 2. Requests in flight — streams included — run on, for up to `drainMillis`.
+ * 3. At the deadline, streams still running are failed: each ends with the
+ *    final SSE error event (a non-streamed one with 502 `upstream_error`) and
+ *    is settled as usual for what ran. Requests that have not started are
+ *    interrupted and answered 503 `server_draining`; nothing is charged.
+ * 4. Every connection is closed. Then the layers close: billing waits for
+ *    the last settlements and writes the ledger; the process exits 0.
+ */
+import type { Server, ServerResponse } from "node:http"
+import { Server as NetServer } from "node:net"
+import { Dispatcher, NodeFailure } from "@swarmgate/dispatch"
+import { renderError, ServerDraining, streamErrorEvent } from "@swarmgate/protocol"
+import { SseEncoder } from "@swarmgate/sse"
+import { Deferred, Effect, Fiber, Stream } from "effect"
+
+/** After the deadline, how long failed streams get to write their last event and settle. */
+const HALT_GRACE_MILLIS = 1_000
+/** Then, how long interrupted requests get to run their finalizers (settle, release). */
+const INTERRUPT_GRACE_MILLIS = 2_000
+
+const sleep = (millis: number) => Effect.promise(() => new Promise((r) => setTimeout(r, millis)))
+
+export const drainingError = (retryAfterSeconds = 5) =>
+  new ServerDraining({
+    message: "This server is shutting down and takes no new requests; retry, another instance will answer.",
+    retryAfterSeconds,
+  })
+
+/** Writes the 503 `server_draining` answer; the connection closes after it. */
+export const refuse = (res: ServerResponse, requestId: string) => {
+  const rendered = renderError(drainingError(), requestId)
+  res.writeHead(rendered.status, {
+    ...rendered.headers,
+    connection: "close",
+    "content-length": String(Buffer.byteLength(rendered.body)),
+  })
+  res.end(rendered.body)
+}
+
+interface Running {
+  readonly res: ServerResponse
+  readonly requestId: string
+  readonly onEnded: (code: string) => void
+}
+
+export class Drainer {
+  /** SIGTERM received: unready, refusing new requests. */
+  draining = false
+  /** The deadline passed: what still runs is being ended. */
+  expired = false
+  private readonly running = new Map<Fiber.RuntimeFiber<unknown, unknown>, Running>()
+  private readonly idleWaiters = new Set<() => void>()
+  private readonly deadline = Effect.runSync(Deferred.make<void>())
+
+  get inFlight(): number {
+    return this.running.size
+  }
+
+  /** Follows a request's fiber until it exits. `onEnded` hears how the drain ended it, if it did. */
+  track(
+    fiber: Fiber.RuntimeFiber<unknown, unknown>,
+    res: ServerResponse,
+    requestId: string,
+    onEnded: (code: string) => void = () => undefined,
+  ) {
+    this.running.set(fiber, { res, requestId, onEnded })
+    fiber.addObserver(() => {
+      this.running.delete(fiber)
+      if (this.running.size === 0) for (const wake of this.idleWaiters) wake()
+    })
+  }
+
+  private idle(millis: number) {
+    return Effect.promise<void>(
+      () =>
+        new Promise((resolve) => {
+          if (this.running.size === 0) return resolve()
+          const done = () => {
+            clearTimeout(timer)
+            this.idleWaiters.delete(done)
+            resolve()
+          }
+          const timer = setTimeout(done, millis)
+          this.idleWaiters.add(done)
+        }),
+    )
+  }
+
+  /**
+   * Fails the node stream of a running request at the drain deadline, so the
+   * request ends through its ordinary failure path (final event, settlement).
+   */
+  haltStreams<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Dispatcher.Dispatcher> {
+    const deadline = this.deadline
+    return Effect.flatMap(Dispatcher.Dispatcher, (dispatcher) =>
+      Effect.provideService(effect, Dispatcher.Dispatcher, {
+        ...dispatcher,
+        run: (preset, request) =>
+          Effect.map(dispatcher.run(preset, request), (run) => ({
+            ...run,
+            events: run.events.pipe(
+              Stream.interruptWhen(
+                Effect.zipRight(
+                  Deferred.await(deadline),
+                  Effect.fail(
+                    new NodeFailure({ nodeId: run.nodeId, reason: "the gateway is shutting down" }),
+                  ),
+                ),
+              ),
+            ),
+          })),
+      }),
+    )
+  }
+
+  /** The sequence above, for `server`; completes when every connection is closed. */
+  shutdown(server: Server, drainMillis: number): Effect.Effect<void> {
+    const self = this
+    return Effect.gen(function* () {
+      self.draining = true
+      // net.Server's close, not http.Server's: stop accepting, but keep the open keep-alive
+      // connections, so that a request already on its way over one gets 503 server_draining
+      // (and `Connection: close`) instead of a reset; idle ones still end at the keep-alive timeout.
+      const closed = Effect.promise<void>(
+        () => new Promise((resolve) => NetServer.prototype.close.call(server, () => resolve())),
+      )
+      const closing = yield* Effect.fork(closed)
+      if (self.running.size > 0) {
+        yield* Effect.logInfo(
+          `draining: ${self.running.size} request(s) in flight may finish within ${drainMillis} ms`,
+        )
+        yield* self.idle(drainMillis)
+      }
+      if (self.running.size > 0) {
+        self.expired = true
+        yield* Effect.logWarning(`draining: deadline reached, ending ${self.running.size} request(s)`)
+        yield* Deferred.succeed(self.deadline, undefined)
+        yield* self.idle(HALT_GRACE_MILLIS)
+      }
+      if (self.running.size > 0) {
+        const left = [...self.running]
+        // The shutdown runs uninterruptibly: only an interruptible wait can be cut by the timeout.
+        yield* Fiber.interruptAll(left.map(([fiber]) => fiber)).pipe(
+          Effect.interruptible,
+          Effect.timeout(INTERRUPT_GRACE_MILLIS),
+          Effect.ignore,
+        )
+        for (const [, { res, requestId, onEnded }] of left) {
+          if (res.writableEnded || res.destroyed) continue
+          if (!res.headersSent) {
+            onEnded("server_draining")
+            refuse(res, requestId)
+          } else {
+            onEnded("upstream_error")
+            res.end(
+              SseEncoder.encodeData(
+                streamErrorEvent(
+                  {
+                    message: "The server shut down before the answer was complete.",
+                    type: "server_error",
+                    code: "upstream_error",
+                  },
+                  requestId,
+                ),
+              ),
+            )
+          }
+        }
+        yield* sleep(50)
+      }
+      server.closeAllConnections()
+      yield* Fiber.join(closing).pipe(Effect.interruptible, Effect.timeout(1_000), Effect.ignore)
+    })
+  }
+}

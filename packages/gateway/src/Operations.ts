@@ -1,0 +1,246 @@
+/**
+ * The operational side of the HTTP surface, wired in by `HttpServer`:
+ * `/readyz` and `/metrics`, refusals while draining, and per request the
+ * metrics and the structured log line. Without an `Operations` (a bare
+ * `makeListener`, as tests use it) every hook here is a no-op.
+ *
+ * `/metrics` is served to a scrape that sends `SWARMGATE_METRICS_TOKEN` as a
+ * bearer token, or, when no token is configured, only to loopback clients;
+ * anyone else gets 404.
+ */
+import { timingSafeEqual } from "node:crypto"
+import type { IncomingMessage, ServerResponse } from "node:http"
+import type { Principal } from "@swarmgate/auth"
+import { Billing } from "@swarmgate/billing"
+import { Dispatcher } from "@swarmgate/dispatch"
+import { Effect, type Fiber, FiberRef, Option, Redacted, type Scope } from "effect"
+import { Drainer, refuse } from "./Drain"
+import { Health, type HealthShape } from "./Health"
+import { Metrics, type MetricsShape } from "./Metrics"
+import * as RequestLog from "./RequestLog"
+
+export interface Operations {
+  readonly drainer: Drainer
+  readonly metrics: Option.Option<MetricsShape>
+  readonly health: Option.Option<HealthShape>
+  readonly log: RequestLog.RequestWriter
+}
+
+/** The operations of a server: metrics and health when their layers are present; the log level in force. */
+export const make: Effect.Effect<Operations> = Effect.gen(function* () {
+  return {
+    drainer: new Drainer(),
+    metrics: yield* Effect.serviceOption(Metrics),
+    health: yield* Effect.serviceOption(Health),
+    log: RequestLog.writer(yield* FiberRef.get(FiberRef.currentMinimumLogLevel)),
+  }
+})
+
+interface Context {
+  readonly ops: Operations
+  readonly record: RequestLog.RequestRecord
+  /** Events still awaited before the request is accounted: the response closing, the fiber ending. */
+  pending: number
+}
+
+const contexts = new WeakMap<ServerResponse, Context>()
+
+const finish = (ctx: Context, res: ServerResponse) => {
+  if (--ctx.pending > 0) return
+  const now = Date.now()
+  const observation = RequestLog.observation(ctx.record, res, now)
+  if (Option.isSome(ctx.ops.metrics)) ctx.ops.metrics.value.observe(observation)
+  const log = ctx.ops.log
+  if (ctx.record.route === "probe" ? log.probes : log.requests)
+    log.write(RequestLog.line(ctx.record, observation, now))
+}
+
+const sendJson = (res: ServerResponse, status: number, body: unknown) => {
+  const text = JSON.stringify(body)
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": String(Buffer.byteLength(text)),
+    "cache-control": "no-store",
+  })
+  res.end(text)
+}
+
+const isLoopback = (address: string | undefined) =>
+  address === "127.0.0.1" || address === "::1" || address === "::ffff:127.0.0.1"
+
+const bearerMatches = (header: string | undefined, token: Redacted.Redacted) => {
+  const expected = Buffer.from(`Bearer ${Redacted.value(token)}`)
+  const actual = Buffer.from(header ?? "")
+  return expected.length === actual.length && timingSafeEqual(expected, actual)
+}
+
+const metricsEndpoint = (metrics: MetricsShape, req: IncomingMessage, res: ServerResponse) => {
+  const allowed = Option.match(metrics.token, {
+    onNone: () => isLoopback(req.socket.remoteAddress),
+    onSome: (token) => bearerMatches(req.headers.authorization, token),
+  })
+  if (!allowed) {
+    res.writeHead(404, { "content-length": "0" })
+    return res.end()
+  }
+  metrics.registry.metrics().then(
+    (text) => {
+      res.writeHead(200, {
+        "content-type": metrics.registry.contentType,
+        "content-length": String(Buffer.byteLength(text)),
+        "cache-control": "no-store",
+      })
+      res.end(text)
+    },
+    () => sendJson(res, 500, { status: "error" }),
+  )
+}
+
+const readyEndpoint = (ops: Operations, res: ServerResponse) => {
+  if (ops.drainer.draining) return sendJson(res, 503, { status: "draining" })
+  if (Option.isNone(ops.health)) return sendJson(res, 200, { status: "ready" })
+  Effect.runPromise(ops.health.value.readiness).then(
+    (readiness) =>
+      // A drain may have begun while the checks ran: it wins.
+      ops.drainer.draining
+        ? sendJson(res, 503, { status: "draining" })
+        : sendJson(res, readiness.ready ? 200 : 503, {
+            status: readiness.ready ? "ready" : "unready",
+            checks: readiness.checks,
+          }),
+    () => sendJson(res, 503, { status: "unready" }),
+  )
+}
+
+/**
+ * Starts accounting for a request and answers it when it is operational:
+ * `/readyz`, `/metrics`, or any non-probe request while draining (503
+ * `server_draining`). Returns true when it answered.
+ */
+export const intercept = (
+  ops: Operations,
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  startedAt: number,
+  path: string,
+): boolean => {
+  const method = req.method ?? "GET"
+  const record = RequestLog.begin(requestId, method, path, startedAt)
+  const ctx: Context = { ops, record, pending: 1 }
+  contexts.set(res, ctx)
+  res.once("close", () => finish(ctx, res))
+  if (path === "/readyz" && (method === "GET" || method === "HEAD")) {
+    readyEndpoint(ops, res)
+    return true
+  }
+  if (path === "/metrics" && method === "GET" && Option.isSome(ops.metrics)) {
+    metricsEndpoint(ops.metrics.value, req, res)
+    return true
+  }
+  if (ops.drainer.draining && record.route !== "probe") {
+    record.code = "server_draining"
+    // Read and drop the body: closing on unread bytes would reset the connection before the 503 arrives.
+    req.resume()
+    refuse(res, requestId)
+    return true
+  }
+  return false
+}
+
+/** Follows the request's fiber: accounted once it ends too; ended by the drain if it runs past the deadline. */
+export const track = (ops: Operations, fiber: Fiber.RuntimeFiber<unknown, unknown>, res: ServerResponse) => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined) return
+  ctx.pending++
+  ops.drainer.track(fiber, res, ctx.record.requestId, (code) => {
+    ctx.record.code = code
+  })
+  fiber.addObserver(() => finish(ctx, res))
+}
+
+// --- notes along the request path (no-ops without a context) ------------------------------
+
+export const noteError = (res: ServerResponse, code: string) => {
+  const ctx = contexts.get(res)
+  if (ctx !== undefined) ctx.record.code = code
+}
+
+export const notePrincipal = (res: ServerResponse, principal: Principal) => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined) return
+  ctx.record.accountId = principal.account.id
+  ctx.record.keyId = principal.key.id
+  ctx.record.keyPrefix = principal.key.prefix
+}
+
+export const noteRequest = (
+  res: ServerResponse,
+  request: {
+    readonly preset: { readonly id: string }
+    readonly stream: boolean
+    readonly promptTokens: number
+  },
+) => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined) return
+  ctx.record.model = request.preset.id
+  ctx.record.stream = request.stream
+  ctx.record.promptTokens = request.promptTokens
+}
+
+/** Around admission: counted as queued while it waits, then in flight until the request's scope closes. */
+export const admission =
+  (res: ServerResponse) =>
+  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Scope.Scope> => {
+    const ctx = contexts.get(res)
+    if (ctx === undefined || Option.isNone(ctx.ops.metrics)) return effect
+    const metrics = ctx.ops.metrics.value
+    return Effect.acquireUseRelease(
+      Effect.sync(metrics.queued.inc),
+      () => effect,
+      () => Effect.sync(metrics.queued.dec),
+    ).pipe(
+      Effect.tap(() =>
+        Effect.acquireRelease(Effect.sync(metrics.inFlight.inc), () => Effect.sync(metrics.inFlight.dec)),
+      ),
+    )
+  }
+
+/**
+ * Around the run: notes the node and the first token, lets the drain end the
+ * stream at its deadline, and takes the settled cost from billing.
+ */
+export const instrument =
+  (res: ServerResponse) =>
+  <A, E, R>(
+    effect: Effect.Effect<A, E, R>,
+  ): Effect.Effect<A, E, R | Dispatcher.Dispatcher | Billing.Billing> => {
+    const ctx = contexts.get(res)
+    if (ctx === undefined) return effect
+    const record = ctx.record
+    const observed = Effect.flatMap(Dispatcher.Dispatcher, (dispatcher) =>
+      Effect.flatMap(Billing.Billing, (billing) =>
+        effect.pipe(
+          Effect.provideService(Dispatcher.Dispatcher, {
+            ...dispatcher,
+            run: (preset, request) =>
+              Effect.tap(dispatcher.run(preset, request), (run) => {
+                record.firstTokenAt = Date.now()
+                record.nodeId = run.nodeId
+              }),
+          }),
+          Effect.provideService(Billing.Billing, {
+            ...billing,
+            settle: (requestId, settlement) =>
+              Effect.tap(billing.settle(requestId, settlement), (entry) => {
+                record.outcome = settlement.outcome
+                record.completionTokens = settlement.completionTokens
+                if (entry !== undefined) record.costMicros = entry.costMicros
+              }),
+          }),
+        ),
+      ),
+    )
+    return ctx.ops.drainer.haltStreams(observed)
+  }

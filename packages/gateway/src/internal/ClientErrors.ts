@@ -1,0 +1,44 @@
+/**
+ * Requests node:http refuses before the listener sees them — a malformed
+ * request line or header, conflicting lengths, headers over the size limit,
+ * headers not complete within the headers timeout — get the error envelope
+ * and an `x-request-id` like every other refusal, not Node's bare status line.
+ */
+import { randomUUID } from "node:crypto"
+import { STATUS_CODES } from "node:http"
+import type { Duplex } from "node:stream"
+import { type ApiError, InvalidRequest, RequestTimeout, renderError } from "@swarmgate/protocol"
+
+const errorFor = (code: string | undefined): ApiError => {
+  switch (code) {
+    case "ERR_HTTP_REQUEST_TIMEOUT":
+      return new RequestTimeout({ message: "The request did not arrive in time." })
+    case "HPE_HEADER_OVERFLOW":
+      return new InvalidRequest({ message: "The request headers are too large.", param: null })
+    default:
+      return new InvalidRequest({ message: "The request is not valid HTTP/1.1.", param: null })
+  }
+}
+
+/** The `clientError` listener of the server: answers when nothing was sent on the connection yet, then closes it. */
+export const onClientError = (error: Error & { readonly code?: string }, socket: Duplex) => {
+  // Like Node's default: never write into the middle of a response already on its way.
+  const inFlight = (socket as { _httpMessage?: { headersSent?: boolean } | null })._httpMessage
+  if (error.code !== "ECONNRESET" && socket.writable && !inFlight?.headersSent) {
+    const requestId = `req_${randomUUID().replaceAll("-", "")}`
+    const rendered = renderError(errorFor(error.code), requestId)
+    const headers = {
+      ...rendered.headers,
+      "content-length": String(Buffer.byteLength(rendered.body)),
+      connection: "close",
+    }
+    const head = Object.entries(headers)
+      .map(([name, value]) => `${name}: ${value}\r\n`)
+      .join("")
+    socket.end(`HTTP/1.1 ${rendered.status} ${STATUS_CODES[rendered.status]}\r\n${head}\r\n${rendered.body}`)
+    // A peer that never reads must not keep the socket: gone within a second either way.
+    setTimeout(() => socket.destroy(), 1_000).unref()
+    return
+  }
+  socket.destroy()
+}
