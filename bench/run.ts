@@ -1,0 +1,913 @@
+/**
+ * `npm run bench`: swarmgate against a bare Node.js proxy and a direct node,
+ * on this machine's two cores — the process under test alone on core 1, the
+ * load generator (this process) and the upstream node on core 0.
+ *
+ * Sections (all by default; `--only main,crosscheck,ablation,profile,components,streams,sim,nodes`):
+ *   main        JSON, SSE 20 and SSE 200 chunks: direct / bare proxy (undici) /
+ *               bare proxy (fetch) / swarmgate — throughput and CPU at 32
+ *               connections, latency at one
+ *   crosscheck  the same JSON cases with the node:http client, to check the generator
+ *   ablation    swarmgate with access logs on, and with hedging and its timeouts off
+ *   components  Effect primitives and the HTTP node transport alone (bench/components.ts)
+ *   streams     10 → 2,000 concurrent paced streams (20 tokens/s each)
+ *   sim         1,000 streams on the embedded simulated swarm (tokens/s per core)
+ *   nodes       10 → 1,000 embedded simulated nodes at a fixed load
+ *   profile     `--cpu-prof` of the gateway during JSON and SSE-200 cases
+ *
+ * Writes bench/results/{results.json,results.md,*.svg} and the tables of
+ * BENCHMARKS.md (between its bench markers). `--quick` shortens everything
+ * for a trial run and writes to reports/bench-quick instead; `--wait-quiet`
+ * first waits (up to 15 minutes) for the machine's load average to drop.
+ */
+import { execFileSync } from "node:child_process"
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { parseArgs } from "node:util"
+import { lineSvg } from "../apps/loadtest/src/Charts"
+import type { ClientKind, LoadOptions } from "../apps/loadtest/src/Options"
+import {
+  type Child,
+  createLoadKey,
+  type Gateway,
+  REPO_ROOT,
+  startChild,
+  startGateway,
+  waitReady,
+} from "../apps/loadtest/src/Spawn"
+import { CORE_GENERATOR, idlePercent, type Measured, measure, pinAll } from "./Measure"
+import { loadAverage, machine, pin } from "./Procfs"
+import { readProfile, summarize as summarizeProfile } from "./profile-summary"
+import {
+  ablationTable,
+  crossCheckTable,
+  fmt,
+  latencyTable,
+  type NodesRow,
+  nodesTable,
+  type ProfileEntry,
+  profileTable,
+  type Row,
+  streamsTable,
+  type Target,
+  targetsTable,
+  throughputTable,
+} from "./Tables"
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: "boolean" },
+    only: { type: "string" },
+    "wait-quiet": { type: "boolean" },
+    out: { type: "string" },
+  },
+})
+const quick = values.quick === true
+const sections = new Set(
+  (values.only ?? "main,crosscheck,ablation,profile,components,streams,sim,nodes").split(","),
+)
+const OUT = values.out ?? join(REPO_ROOT, quick ? "reports/bench-quick" : "bench/results")
+const RAW = join(REPO_ROOT, "reports", `bench-${new Date().toISOString().replace(/[:.]/g, "-")}`)
+const BENCH = join(REPO_ROOT, "bench")
+const seconds = (s: number) => Math.round(s * (quick ? 0.4 : 1) * 1000)
+const log = (text: string) =>
+  process.stderr.write(`[bench ${((Date.now() - T0) / 1000).toFixed(0)}s] ${text}\n`)
+const T0 = Date.now()
+
+const children: Array<Child> = []
+const gateways: Array<Gateway> = []
+
+const listening = (output: string) => {
+  const line = output.split("\n").find((l) => l.startsWith('{"event":"listening"'))
+  return line === undefined ? undefined : (JSON.parse(line) as { port: number })
+}
+
+const startScript = async (name: string, script: string, args: ReadonlyArray<string>) => {
+  const { child, ready } = await startChild({
+    name,
+    nodeArgs: ["--import", "tsx"],
+    script: join(BENCH, script),
+    args,
+    cpus: String(CORE_GENERATOR),
+    ready: listening,
+  })
+  children.push(child)
+  return { child, url: `http://127.0.0.1:${ready.port}` }
+}
+
+const stopChild = async (child: Child) => {
+  children.splice(children.indexOf(child), 1)
+  await child.stop(5000)
+}
+
+interface GatewaySetup {
+  readonly gateway: Gateway
+  readonly key: string
+}
+
+const startSwarmgate = async (
+  env: Record<string, string>,
+  nodeArgs: ReadonlyArray<string> = [],
+): Promise<GatewaySetup> => {
+  const gateway = await startGateway({
+    cpus: String(CORE_GENERATOR),
+    nodeArgs,
+    env: {
+      SWARMGATE_MAX_IN_FLIGHT: "8192",
+      SWARMGATE_DISPATCH_QUEUE_MAX: "8192",
+      LOG_LEVEL: "warn",
+      // Per-request overhead against one node: swarm-prime's shipped consensus fans out to k nodes by design.
+      SWARMGATE_PRESETS: JSON.stringify({ "swarm-prime": { strategy: "single" } }),
+      ...env,
+    },
+  })
+  gateways.push(gateway)
+  await waitReady(gateway.baseUrl)
+  const { key } = await createLoadKey(gateway)
+  return { gateway, key }
+}
+
+const stopSwarmgate = async (setup: GatewaySetup) => {
+  gateways.splice(gateways.indexOf(setup.gateway), 1)
+  await setup.gateway.stop()
+}
+
+const nodesFile = (url: string, id: string) => {
+  const dir = join(tmpdir(), `swarmgate-bench-${process.pid}`)
+  mkdirSync(dir, { recursive: true })
+  const file = join(dir, `${id}.json`)
+  writeFileSync(
+    file,
+    JSON.stringify([
+      { id, url, models: { "swarm-prime": id, "swarm-swift": id }, capacity: 100_000, vision: false },
+    ]),
+  )
+  return file
+}
+
+interface Endpoint {
+  readonly target: string
+  readonly url: string
+  readonly key: string
+  readonly model: string
+  readonly pid: number
+}
+
+interface Mode {
+  readonly name: string
+  readonly stream: boolean
+  readonly chunks: number
+}
+
+const MODES: ReadonlyArray<Mode> = [
+  { name: "json", stream: false, chunks: 20 },
+  { name: "sse-20", stream: true, chunks: 20 },
+  { name: "sse-200", stream: true, chunks: 200 },
+]
+
+const loadOptions = (
+  endpoint: Endpoint,
+  mode: Mode,
+  concurrency: number,
+  durationMillis: number,
+  warmupMillis: number,
+  client: ClientKind = "undici",
+  over: Partial<LoadOptions> = {},
+): LoadOptions => ({
+  url: `${endpoint.url}/v1/chat/completions`,
+  key: endpoint.key,
+  model: endpoint.model,
+  stream: mode.stream,
+  maxTokens: 256,
+  prompt: `Say the word the, over and over. chunks=${mode.chunks}`,
+  extra: {},
+  concurrency,
+  rate: undefined,
+  durationMillis,
+  warmupMillis,
+  timeoutMillis: 60_000,
+  client,
+  slo: undefined,
+  seed: 1,
+  ...over,
+})
+
+const rawResults: Array<{ id: string; measured: Measured }> = []
+
+const toRow = (id: string, endpoint: Endpoint, mode: string, measured: Measured): Row => {
+  rawResults.push({ id, measured })
+  const r = measured.result
+  const us = (ms: number) => ms * 1000
+  return {
+    mode,
+    target: endpoint.target,
+    concurrency: r.config.concurrency,
+    client: r.config.client,
+    rps: r.requests.throughput_rps,
+    chunksPerSecond: r.tokens.chunks_per_s,
+    outputTps: r.tokens.output_tps,
+    cpuMicrosPerRequest: measured.cpuMicrosPerRequest,
+    cpuMicrosPerChunk: measured.cpuMicrosPerChunk,
+    cpuPercent: measured.cpuPercent,
+    foreignPercent: measured.foreignPercent,
+    rssMiB: measured.rssMiB,
+    hwmMiB: measured.hwmMiB,
+    generatorCpuPercent: r.client.cpu_percent,
+    inFlightAtEnd: r.client.in_flight_at_end,
+    streamingAtEnd: r.client.streaming_at_end,
+    errors: r.errors,
+    failed: r.requests.failed,
+    total: r.requests.total,
+    e2eP50: us(r.latency_ms.e2e.p50),
+    e2eP99: us(r.latency_ms.e2e.p99),
+    ttftP50: us(r.latency_ms.ttft.p50),
+    ttftP99: us(r.latency_ms.ttft.p99),
+    itlP50: us(r.latency_ms.itl.p50),
+    itlP99: us(r.latency_ms.itl.p99),
+    tpotP50: us(r.latency_ms.tpot.p50),
+  }
+}
+
+/** The run with the median throughput, as a whole (its latency and CPU belong to it). */
+const median = (rows: ReadonlyArray<Row>): Row =>
+  [...rows].sort((a, b) => a.rps - b.rps)[Math.floor(rows.length / 2)]!
+
+const allPids = () => [...children.map((c) => c.pid), ...gateways.map((g) => g.child.pid)]
+
+const measureRow = async (id: string, endpoint: Endpoint, mode: string, options: LoadOptions) => {
+  const measured = await measure(
+    options,
+    endpoint.pid,
+    allPids().filter((p) => p !== endpoint.pid),
+  )
+  const row = toRow(id, endpoint, mode, measured)
+  log(
+    `${id}: ${fmt(row.rps)} req/s, ${fmt(row.cpuMicrosPerRequest)} CPU µs/req, E2E p50 ${fmt(row.e2eP50)} µs, errors ${row.failed}`,
+  )
+  // A moment for the last aborted requests to settle before the next case.
+  await new Promise((r) => setTimeout(r, 300))
+  return row
+}
+
+/** `--wait-quiet`: up to 15 minutes for other tenants of the machine to finish (1-minute load ≤ 1.5). */
+const waitForQuiet = async () => {
+  if (values["wait-quiet"] !== true) return
+  for (let i = 0; i < 15 && loadAverage()[0] > 1.5; i++) {
+    log(`load average ${loadAverage()[0]} > 1.5: waiting 60 s (${i + 1}/15)`)
+    await new Promise((r) => setTimeout(r, 60_000))
+  }
+}
+
+const main = async () => {
+  pin(process.pid, String(CORE_GENERATOR))
+  mkdirSync(OUT, { recursive: true })
+  mkdirSync(RAW, { recursive: true })
+  await waitForQuiet()
+  const started = Date.now()
+  const loadBefore = loadAverage()
+  log(`load average ${loadBefore.join(" ")}; sections ${[...sections].join(",")}`)
+
+  const main: Array<Row> = []
+  const cross: Array<{ undici: Row; http: Row }> = []
+  const ablation: Array<Row> = []
+  const components: Array<ComponentCost> = []
+  const streams: Array<Row> = []
+  const sim: Array<Row> = []
+  const nodes: Array<NodesRow> = []
+  const profiles: Array<ProfileResult> = []
+
+  if (["main", "crosscheck", "ablation", "profile", "components"].some((section) => sections.has(section))) {
+    const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
+    const proxy = await startScript("bare proxy", "proxy.ts", ["--port", "0", "--upstream", instant.url])
+    const proxyFetch = await startScript("bare proxy (fetch)", "proxy.ts", [
+      "--port",
+      "0",
+      "--upstream",
+      instant.url,
+      "--client",
+      "fetch",
+    ])
+    const file = nodesFile(instant.url, "instant")
+    const swarmgate = await startSwarmgate({ SWARMGATE_NODES_FILE: file })
+    const endpoints: ReadonlyArray<Endpoint> = [
+      { target: "direct", url: instant.url, key: "none", model: "instant", pid: instant.child.pid },
+      { target: "bare proxy", url: proxy.url, key: "none", model: "instant", pid: proxy.child.pid },
+      {
+        target: "bare proxy (fetch)",
+        url: proxyFetch.url,
+        key: "none",
+        model: "instant",
+        pid: proxyFetch.child.pid,
+      },
+      {
+        target: "swarmgate",
+        url: swarmgate.gateway.baseUrl,
+        key: swarmgate.key,
+        model: "swarm-prime",
+        pid: swarmgate.gateway.child.pid,
+      },
+    ]
+    const sat = { c: 32, duration: seconds(4), warmup: seconds(1.5) }
+    const one = { duration: seconds(3), warmup: seconds(1) }
+
+    if (sections.has("main")) {
+      log("section main")
+      for (const mode of MODES)
+        for (const endpoint of endpoints) {
+          const loaded = await measureRow(
+            `${mode.name} ${endpoint.target} c=${sat.c}`,
+            endpoint,
+            mode.name,
+            loadOptions(endpoint, mode, sat.c, sat.duration, sat.warmup),
+          )
+          const single = await measureRow(
+            `${mode.name} ${endpoint.target} c=1`,
+            endpoint,
+            mode.name,
+            loadOptions(endpoint, mode, 1, one.duration, one.warmup),
+          )
+          // Throughput, CPU and memory from the loaded run; latency from one connection.
+          main.push({
+            ...loaded,
+            e2eP50: single.e2eP50,
+            e2eP99: single.e2eP99,
+            ttftP50: single.ttftP50,
+            ttftP99: single.ttftP99,
+            itlP50: single.itlP50,
+            itlP99: single.itlP99,
+            tpotP50: single.tpotP50,
+          })
+        }
+    }
+
+    if (sections.has("crosscheck")) {
+      log("section crosscheck")
+      const json = MODES[0]!
+      // swarmgate only at one connection: its throughput is nowhere near the generator's limit.
+      for (const [endpoint, c] of [
+        [endpoints[0]!, 1],
+        [endpoints[0]!, sat.c],
+        [endpoints[1]!, 1],
+        [endpoints[1]!, sat.c],
+        [endpoints[3]!, 1],
+      ] as const) {
+        // Alternated three times and the median kept: other tenants come and go within seconds.
+        const runs: Record<ClientKind, Array<Row>> = { undici: [], http: [] }
+        for (let round = 0; round < 3; round++)
+          for (const client of ["undici", "http"] as const)
+            runs[client].push(
+              await measureRow(
+                `crosscheck ${endpoint.target} c=${c} ${client} #${round + 1}`,
+                endpoint,
+                "json",
+                loadOptions(endpoint, json, c, seconds(c === 1 ? 2 : 3), seconds(1), client),
+              ),
+            )
+        const undici = median(runs.undici)
+        const http = median(runs.http)
+        cross.push({ undici, http })
+      }
+    }
+    await stopSwarmgate(swarmgate)
+
+    if (sections.has("ablation")) {
+      log("section ablation: the same gateway with parts of the path switched off by configuration")
+      const variants: ReadonlyArray<{
+        name: string
+        env: Record<string, string>
+        modes: ReadonlyArray<Mode>
+      }> = [
+        { name: "swarmgate, LOG_LEVEL=info", env: { LOG_LEVEL: "info" }, modes: [MODES[0]!] },
+        {
+          name: "swarmgate, no hedge / first-token / idle timers",
+          env: {
+            SWARMGATE_HEDGE_MS: "0",
+            SWARMGATE_FIRST_TOKEN_TIMEOUT_MS: "0",
+            SWARMGATE_IDLE_TIMEOUT_MS: "0",
+          },
+          modes: [MODES[0]!, MODES[2]!],
+        },
+      ]
+      for (const variant of variants) {
+        const setup = await startSwarmgate({ SWARMGATE_NODES_FILE: file, ...variant.env })
+        const endpoint: Endpoint = {
+          target: variant.name,
+          url: setup.gateway.baseUrl,
+          key: setup.key,
+          model: "swarm-prime",
+          pid: setup.gateway.child.pid,
+        }
+        for (const mode of variant.modes)
+          ablation.push(
+            await measureRow(
+              `${mode.name} ${variant.name} c=${sat.c}`,
+              endpoint,
+              mode.name,
+              loadOptions(endpoint, mode, sat.c, sat.duration, sat.warmup),
+            ),
+          )
+        await stopSwarmgate(setup)
+      }
+    }
+
+    if (sections.has("profile")) {
+      log("section profile")
+      const dir = join(RAW, "profile")
+      mkdirSync(dir, { recursive: true })
+      const profiled = await startSwarmgate({ SWARMGATE_NODES_FILE: file }, [
+        "--cpu-prof",
+        `--cpu-prof-dir=${dir}`,
+      ])
+      const endpoint: Endpoint = {
+        target: "swarmgate (profiled)",
+        url: profiled.gateway.baseUrl,
+        key: profiled.key,
+        model: "swarm-prime",
+        pid: profiled.gateway.child.pid,
+      }
+      const windows: Array<{ name: string; window: Measured["windowMicros"]; requests: number }> = []
+      for (const mode of [MODES[0]!, MODES[2]!]) {
+        const measured = await measure(
+          loadOptions(endpoint, mode, sat.c, sat.duration, sat.warmup),
+          endpoint.pid,
+          allPids().filter((p) => p !== endpoint.pid),
+        )
+        windows.push({
+          name: mode.name,
+          window: measured.windowMicros,
+          requests: measured.result.requests.succeeded,
+        })
+      }
+      const pid = profiled.gateway.child.pid
+      await stopSwarmgate(profiled)
+      const mainThread = readdirSync(dir).find((f) => f.includes(`.${pid}.0.`) && f.endsWith(".cpuprofile"))
+      if (mainThread === undefined) log(`no main-thread profile in ${dir}`)
+      else {
+        const profile = readProfile(join(dir, mainThread))
+        for (const w of windows) {
+          const summary = summarizeProfile(profile, 25, w.window)
+          profiles.push({
+            case: `${w.name}, 32 connections, ${w.requests} requests`,
+            busyMillis: summary.busyMillis,
+            requests: w.requests,
+            areas: summary.areas.slice(0, 12),
+            effectModules: summary.effectModules,
+            owners: summary.owners.slice(0, 20),
+            functions: summary.functions.slice(0, 20),
+          })
+        }
+      }
+    }
+    if (sections.has("components")) {
+      log("section components")
+      const { child, ready } = await startChild({
+        name: "components",
+        nodeArgs: ["--import", "tsx"],
+        script: join(BENCH, "components.ts"),
+        args: ["--upstream", instant.url, "--scale", quick ? "0.2" : "0.6"],
+        cpus: "1",
+        startMillis: 180_000,
+        ready: (output) => {
+          const line = output.split("\n").find((l) => l.startsWith("[{"))
+          return line === undefined ? undefined : (JSON.parse(line) as Array<ComponentCost>)
+        },
+      })
+      components.push(...ready)
+      await child.stop(1000)
+    }
+    for (const c of [instant, proxy, proxyFetch]) await stopChild(c.child)
+  }
+
+  if (sections.has("streams")) {
+    log("section streams")
+    const paced = await startScript("paced node", "instant-node.ts", ["--port", "0", "--interval-ms", "50"])
+    const proxy = await startScript("bare proxy", "proxy.ts", ["--port", "0", "--upstream", paced.url])
+    const swarmgate = await startSwarmgate({ SWARMGATE_NODES_FILE: nodesFile(paced.url, "paced") })
+    const endpoints: ReadonlyArray<Endpoint> = [
+      { target: "direct", url: paced.url, key: "none", model: "paced", pid: paced.child.pid },
+      { target: "bare proxy", url: proxy.url, key: "none", model: "paced", pid: proxy.child.pid },
+      {
+        target: "swarmgate",
+        url: swarmgate.gateway.baseUrl,
+        key: swarmgate.key,
+        model: "swarm-prime",
+        pid: swarmgate.gateway.child.pid,
+      },
+    ]
+    // 40 tokens 50 ms apart: a 2-second stream at 20 tokens/s, like a fast model.
+    const mode: Mode = { name: "paced", stream: true, chunks: 40 }
+    for (const c of quick ? [10, 500] : [10, 100, 500, 1000, 2000])
+      for (const endpoint of endpoints)
+        streams.push(
+          await measureRow(
+            `streams ${c} ${endpoint.target}`,
+            endpoint,
+            "paced",
+            loadOptions(endpoint, mode, c, seconds(6), seconds(3), "undici", { rampMillis: 2000 }),
+          ),
+        )
+    await stopSwarmgate(swarmgate)
+    for (const c of [paced, proxy]) await stopChild(c.child)
+  }
+
+  if (sections.has("sim")) {
+    log("section sim")
+    const c = quick ? 200 : 1000
+    const swarmgate = await startSwarmgate({ SWARMGATE_SIM_NODES: "250", SWARMGATE_SIM_SPEED: "1000" })
+    const endpoint: Endpoint = {
+      target: "swarmgate, embedded simulator",
+      url: swarmgate.gateway.baseUrl,
+      key: swarmgate.key,
+      model: "swarm-prime",
+      pid: swarmgate.gateway.child.pid,
+    }
+    sim.push(
+      await measureRow(
+        `sim ${c} streams`,
+        endpoint,
+        "sim",
+        loadOptions(endpoint, { name: "sim", stream: true, chunks: 0 }, c, seconds(6), seconds(3), "undici", {
+          prompt: "How do rivers shape valleys?",
+          rampMillis: 1000,
+        }),
+      ),
+    )
+    await stopSwarmgate(swarmgate)
+  }
+
+  if (sections.has("nodes")) {
+    log("section nodes")
+    for (const n of quick ? [10, 1000] : [10, 100, 300, 1000]) {
+      const swarmgate = await startSwarmgate({ SWARMGATE_SIM_NODES: String(n), SWARMGATE_SIM_SPEED: "1000" })
+      const pid = swarmgate.gateway.child.pid
+      pinAll(allPids(), pid)
+      // Longer than one probe interval (5 s), so idle probing shows.
+      const idle = await idlePercent(pid, seconds(6))
+      const endpoint: Endpoint = {
+        target: `swarmgate, ${n} nodes`,
+        url: swarmgate.gateway.baseUrl,
+        key: swarmgate.key,
+        model: "swarm-prime",
+        pid,
+      }
+      const row = await measureRow(
+        `nodes ${n}`,
+        endpoint,
+        "nodes",
+        loadOptions(
+          endpoint,
+          { name: "nodes", stream: true, chunks: 0 },
+          32,
+          seconds(5),
+          seconds(2),
+          "undici",
+          {
+            prompt: "How do rivers shape valleys?",
+            maxTokens: 64,
+          },
+        ),
+      )
+      nodes.push({ ...row, nodes: n, idlePercent: idle })
+      await stopSwarmgate(swarmgate)
+    }
+  }
+
+  const loadAfter = loadAverage()
+  const results = {
+    date: new Date().toISOString(),
+    revision: revision(),
+    command: `npm run bench${process.argv.slice(2).length > 0 ? ` -- ${process.argv.slice(2).join(" ")}` : ""}`,
+    machine: machine(),
+    load_average: { before: loadBefore, after: loadAfter },
+    duration_s: Math.round((Date.now() - started) / 1000),
+    main,
+    crosscheck: cross,
+    ablation,
+    components,
+    streams,
+    sim,
+    nodes,
+    profiles,
+  }
+  const resultsFile = join(OUT, "results.json")
+  writeFileSync(resultsFile, `${JSON.stringify(results, null, 2)}\n`)
+  // In the repository's own JSON style, so that `biome check` passes on the committed results.
+  try {
+    execFileSync(join(REPO_ROOT, "node_modules/.bin/biome"), ["format", "--write", resultsFile], {
+      stdio: "ignore",
+    })
+  } catch {
+    // Without biome the file is still valid JSON.
+  }
+  writeFileSync(join(RAW, "raw.json"), JSON.stringify(rawResults.map((r) => ({ id: r.id, ...r.measured }))))
+  writeCharts(streams, nodes)
+  const markdown = report(results)
+  writeFileSync(join(OUT, "results.md"), markdown)
+  if (!quick && values.out === undefined) updateBenchmarksMd(markdown)
+  log(`done in ${results.duration_s} s; results in ${OUT}, raw results in ${RAW}`)
+}
+
+const writeCharts = (streams: ReadonlyArray<Row>, nodes: ReadonlyArray<NodesRow>) => {
+  const byTarget = (rows: ReadonlyArray<Row>, target: string, pick: (r: Row) => number) =>
+    rows.filter((r) => r.target === target).map((r) => [r.concurrency, pick(r)] as const)
+  if (streams.length > 0) {
+    writeFileSync(
+      join(OUT, "streams-cpu-per-token.svg"),
+      lineSvg({
+        title: "CPU per streamed token vs concurrent streams",
+        xLabel: "concurrent streams (20 tokens/s each)",
+        yLabel: "CPU µs per token (process under test)",
+        logX: true,
+        logY: true,
+        series: ["swarmgate", "bare proxy", "direct"].map((t) => ({
+          name: t,
+          points: byTarget(streams, t, (r) => r.cpuMicrosPerChunk),
+        })),
+      }),
+    )
+    writeFileSync(
+      join(OUT, "streams-itl.svg"),
+      lineSvg({
+        title: "Inter-token latency vs concurrent streams (node sends every 50 ms)",
+        xLabel: "concurrent streams",
+        yLabel: "ITL ms",
+        logX: true,
+        logY: true,
+        series: ["swarmgate", "bare proxy", "direct"].flatMap((t) => [
+          { name: `${t} p50`, points: byTarget(streams, t, (r) => r.itlP50 / 1000) },
+          { name: `${t} p99`, points: byTarget(streams, t, (r) => r.itlP99 / 1000), dashed: true },
+        ]),
+      }),
+    )
+    writeFileSync(
+      join(OUT, "streams-rss.svg"),
+      lineSvg({
+        title: "Resident memory vs concurrent streams",
+        xLabel: "concurrent streams",
+        yLabel: "RSS MiB",
+        logX: true,
+        references: [{ label: "target 300 MB", value: 300 / 1.048576 }],
+        series: ["swarmgate", "bare proxy", "direct"].map((t) => ({
+          name: t,
+          points: byTarget(streams, t, (r) => r.rssMiB),
+        })),
+      }),
+    )
+    writeFileSync(
+      join(OUT, "streams-throughput.svg"),
+      lineSvg({
+        title: "Delivered tokens/s vs concurrent streams (offered: 20 per stream)",
+        xLabel: "concurrent streams",
+        yLabel: "tokens/s",
+        logX: true,
+        logY: true,
+        series: [
+          { name: "offered", points: byTarget(streams, "direct", (r) => r.concurrency * 20), dashed: true },
+          ...["swarmgate", "bare proxy", "direct"].map((t) => ({
+            name: t,
+            points: byTarget(streams, t, (r) => r.chunksPerSecond),
+          })),
+        ],
+      }),
+    )
+  }
+  if (nodes.length > 0)
+    writeFileSync(
+      join(OUT, "nodes-cpu.svg"),
+      lineSvg({
+        title: "Cost vs number of embedded simulated nodes (32 streams)",
+        xLabel: "simulated nodes",
+        yLabel: "CPU µs per token / idle CPU %",
+        logX: true,
+        series: [
+          { name: "CPU µs per token", points: nodes.map((r) => [r.nodes, r.cpuMicrosPerChunk] as const) },
+          {
+            name: "idle CPU % (no traffic)",
+            points: nodes.map((r) => [r.nodes, r.idlePercent] as const),
+            dashed: true,
+          },
+        ],
+      }),
+    )
+}
+
+const targets = (
+  main: ReadonlyArray<Row>,
+  streams: ReadonlyArray<Row>,
+  sim: ReadonlyArray<Row>,
+): Array<Target> => {
+  const get = (mode: string, target: string) => main.find((r) => r.mode === mode && r.target === target)
+  const out: Array<Target> = []
+  const gw = get("json", "swarmgate")
+  const px = get("json", "bare proxy")
+  const dj = get("json", "direct")
+  if (gw !== undefined && px !== undefined && dj !== undefined) {
+    const r = gw.rps / px.rps
+    out.push({
+      target: "JSON throughput ≥ 0.5 × bare proxy",
+      measured: `${fmt(r, 3)}× (${fmt(gw.rps)} vs ${fmt(px.rps)} req/s)`,
+      met: r >= 0.5,
+    })
+    const a50 = (gw.e2eP50 - dj.e2eP50) / 1000
+    const a99 = (gw.e2eP99 - dj.e2eP99) / 1000
+    out.push({
+      target: "added latency p50 ≤ 0.3 ms (1 connection)",
+      measured: `${fmt(a50, 3)} ms`,
+      met: a50 <= 0.3,
+    })
+    out.push({
+      target: "added latency p99 ≤ 1 ms (1 connection)",
+      measured: `${fmt(a99, 3)} ms`,
+      met: a99 <= 1,
+    })
+  }
+  const gs = get("sse-20", "swarmgate")
+  const ds = get("sse-20", "direct")
+  if (gs !== undefined && ds !== undefined) {
+    const t = (gs.ttftP50 - ds.ttftP50) / 1000
+    out.push({
+      target: "added TTFT p50 ≤ 1 ms (SSE, 1 connection)",
+      measured: `${fmt(t, 3)} ms`,
+      met: t <= 1,
+    })
+  }
+  const g10 = streams.find((r) => r.target === "swarmgate" && r.concurrency === 10)
+  const d10 = streams.find((r) => r.target === "direct" && r.concurrency === 10)
+  if (g10 !== undefined && d10 !== undefined) {
+    const o = (g10.itlP50 - d10.itlP50) / 1000
+    out.push({
+      target: "inter-token overhead p50 ≤ 0.1 ms (10 paced streams)",
+      measured: `${fmt(o, 3)} ms`,
+      met: o <= 0.1,
+    })
+  }
+  const s = sim[0]
+  if (s !== undefined) {
+    const perCore = s.chunksPerSecond / Math.max(0.01, s.cpuPercent / 100)
+    out.push({
+      target: `≥ 100,000 streamed tokens/s per core, ≥ 1,000 streams, embedded simulator`,
+      measured: `${fmt(perCore)} tokens/s per core (${fmt(s.chunksPerSecond)} tokens/s at ${fmt(s.cpuPercent)}% CPU, ${s.concurrency} streams)`,
+      met: s.concurrency >= 1000 ? perCore >= 100_000 : undefined,
+    })
+  }
+  const g2000 = streams.find((r) => r.target === "swarmgate" && r.concurrency === 2000)
+  if (g2000 !== undefined)
+    out.push({
+      target: "RSS ≤ 300 MB with 2,000 open streams",
+      measured: `${fmt(g2000.rssMiB * 1.048576)} MB (peak ${fmt(g2000.hwmMiB * 1.048576)} MB)`,
+      met: g2000.rssMiB * 1.048576 <= 300,
+    })
+  return out
+}
+
+/** The commit, and how many files differ from it: other engineers work in this tree while it runs. */
+const revision = () => {
+  try {
+    const git = (...args: Array<string>) =>
+      execFileSync("git", args, { cwd: REPO_ROOT, encoding: "utf8" }).trim()
+    const changed = git("status", "--porcelain")
+      .split("\n")
+      .filter((l) => l.length > 0).length
+    return `${git("rev-parse", "--short", "HEAD")}${changed > 0 ? ` + ${changed} uncommitted files` : ""}`
+  } catch {
+    return "unknown"
+  }
+}
+
+interface Results {
+  readonly date: string
+  readonly revision: string
+  readonly command: string
+  readonly machine: ReturnType<typeof machine>
+  readonly load_average: { readonly before: ReadonlyArray<number>; readonly after: ReadonlyArray<number> }
+  readonly duration_s: number
+  readonly main: ReadonlyArray<Row>
+  readonly crosscheck: ReadonlyArray<{ undici: Row; http: Row }>
+  readonly ablation: ReadonlyArray<Row>
+  readonly components: ReadonlyArray<ComponentCost>
+  readonly streams: ReadonlyArray<Row>
+  readonly sim: ReadonlyArray<Row>
+  readonly nodes: ReadonlyArray<NodesRow>
+  readonly profiles: ReadonlyArray<ProfileResult>
+}
+
+interface ComponentCost {
+  readonly name: string
+  readonly unit: string
+  readonly cpuMicros: number
+}
+
+interface ProfileResult {
+  readonly case: string
+  readonly busyMillis: number
+  readonly requests: number
+  readonly areas: ReadonlyArray<ProfileEntry>
+  readonly effectModules: ReadonlyArray<ProfileEntry>
+  readonly owners: ReadonlyArray<ProfileEntry>
+  readonly functions: ReadonlyArray<ProfileEntry>
+}
+
+const report = (r: Results): string => {
+  const m = r.machine
+  const parts = [
+    `Run ${r.date} (tree ${r.revision}) with \`${r.command}\` in ${r.duration_s} s on ${m.nproc} × ${m.cpuModel}, ${m.memoryGiB} GiB, Node ${m.node}, Linux ${m.kernel}; load average ${r.load_average.before.join(" / ")} before, ${r.load_average.after.join(" / ")} after (1/5/15 min).`,
+  ]
+  const t = targets(r.main, r.streams, r.sim)
+  if (t.length > 0) parts.push("### Targets\n", targetsTable(t))
+  if (r.main.length > 0)
+    parts.push(
+      "### Throughput and cost (32 connections, closed loop)\n",
+      "CPU is the process under test's own user + system time over the measured window (`/proc/<pid>/stat`) divided by the successful requests; RSS at the end of the run. ⚠ = another tenant of the machine held more than 20% of core 1 during the run: its req/s is low, its CPU µs/req still holds.\n",
+      throughputTable(r.main),
+      "### Latency at one connection (µs)\n",
+      "`added` = this target's percentile minus the direct node's percentile; `× proxy` = swarmgate's added latency over the bare proxy's.\n",
+      latencyTable(r.main),
+    )
+  if (r.ablation.length > 0) {
+    const base = (mode: string) => r.main.find((m) => m.mode === mode && m.target === "swarmgate")
+    parts.push(
+      "### Ablation: swarmgate with parts switched off by configuration (32 connections)\n",
+      ablationTable(r.ablation, base),
+    )
+  }
+  if (r.components.length > 0)
+    parts.push(
+      "### Component costs, measured alone on core 1 (CPU µs per unit; `bench/components.ts`)\n",
+      [
+        "| component | unit | CPU µs |",
+        "|---|---|---:|",
+        ...r.components.map((c) => `| ${c.name} | ${c.unit} | ${fmt(c.cpuMicros, 1)} |`),
+      ].join("\n"),
+    )
+  if (r.crosscheck.length > 0)
+    parts.push(
+      "### Generator cross-check (JSON; undici vs node:http client, median of 3 alternated runs each)\n",
+      crossCheckTable(r.crosscheck),
+    )
+  if (r.streams.length > 0)
+    parts.push(
+      "### Concurrent streams (paced node: 40 tokens, one per 50 ms)\n",
+      streamsTable(r.streams),
+      "\n![CPU per token](bench/results/streams-cpu-per-token.svg)\n![Throughput](bench/results/streams-throughput.svg)\n![ITL](bench/results/streams-itl.svg)\n![RSS](bench/results/streams-rss.svg)",
+    )
+  if (r.sim.length > 0)
+    parts.push(
+      "### Embedded simulator (SWARMGATE_SIM_NODES=250, SWARMGATE_SIM_SPEED=1000)\n",
+      streamsTable(r.sim),
+    )
+  if (r.nodes.length > 0)
+    parts.push(
+      "### Number of nodes (embedded simulator, SWARMGATE_SIM_SPEED=1000, 32 streams of ≤ 64 tokens)\n",
+      nodesTable(r.nodes),
+      "\n![Nodes](bench/results/nodes-cpu.svg)",
+    )
+  for (const p of r.profiles)
+    parts.push(
+      `### CPU profile of the gateway: ${p.case} (${fmt(p.busyMillis)} ms busy, ${fmt((p.busyMillis * 1000) / Math.max(1, p.requests))} µs per request)\n`,
+      "Self time by where the code lives:\n",
+      profileTable(p.areas, false),
+      "\nEffect's self time by module:\n",
+      profileTable(p.effectModules, false),
+      '\nEach sample charged to the innermost swarmgate function on its stack ("no swarmgate frame": the runtime between program steps, GC, I/O):\n',
+      profileTable(p.owners, false),
+      "\nTop functions by self time:\n",
+      profileTable(p.functions, true),
+    )
+  return `${parts.join("\n\n")}\n`
+}
+
+const BEGIN = "<!-- bench:begin (written by npm run bench) -->"
+const END = "<!-- bench:end -->"
+
+const updateBenchmarksMd = (markdown: string) => {
+  const path = join(REPO_ROOT, "BENCHMARKS.md")
+  let text: string
+  try {
+    text = readFileSync(path, "utf8")
+  } catch {
+    text = `# Benchmarks\n\n${BEGIN}\n${END}\n`
+  }
+  const start = text.indexOf(BEGIN)
+  const end = text.indexOf(END)
+  if (start < 0 || end < start) text = `${text}\n${BEGIN}\n${END}\n`
+  const from = text.indexOf(BEGIN) + BEGIN.length
+  writeFileSync(path, `${text.slice(0, from)}\n${markdown}${text.slice(text.indexOf(END))}`)
+}
+
+const cleanup = async () => {
+  await Promise.all([...gateways.map((g) => g.stop()), ...children.map((c) => c.stop(3000))])
+  rmSync(join(tmpdir(), `swarmgate-bench-${process.pid}`), { recursive: true, force: true })
+}
+
+process.once("SIGINT", () => {
+  void cleanup().then(() => process.exit(130))
+})
+
+main()
+  .then(cleanup)
+  .catch(async (error: unknown) => {
+    console.error(error)
+    await cleanup()
+    process.exit(1)
+  })
