@@ -3,7 +3,7 @@
  * key), then a cached lookup by SHA-256 hash, then key and account states.
  */
 import { AccountRestricted, AccountSuspended, InvalidApiKey } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Layer, Option } from "effect"
+import { Clock, Context, Effect, Either, Layer, Option } from "effect"
 import { keyState, type Principal } from "./Domain"
 import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
 import { Repository, RepositoryUnavailable } from "./Repository"
@@ -75,11 +75,13 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit.principal)
       return repository.findByHash(hash).pipe(
         // A stalled database must not hold requests indefinitely; the stuck query is abandoned, not awaited.
+        Effect.either,
         Effect.disconnect,
         Effect.timeoutFail({
           duration: lookupTimeout,
           onTimeout: () => new RepositoryUnavailable({ cause: `no answer within ${lookupTimeout} ms` }),
         }),
+        Effect.flatMap(Either.match({ onLeft: Effect.fail, onRight: Effect.succeed })),
         Effect.map((found) => {
           const principal = Option.getOrUndefined(found)
           remember(hash, principal, now)

@@ -32,13 +32,16 @@ import {
   Scope,
   Stream,
 } from "effect"
-import { countTokens } from "gpt-tokenizer"
+import { countTokens as countWithSpecials } from "gpt-tokenizer"
 import * as Consensus from "./Consensus"
 import * as HttpTransport from "./HttpTransport"
 import { defaultHealthOptions, type HealthOptions, NodeHealth, percentile } from "./NodeHealth"
 import type { NodeSpec } from "./NodesFile"
 import { type NodeEvent, NodeFailure, type NodeRequest, type SwarmNode } from "./NodeTransport"
 import type { Preset } from "./Presets"
+
+/** Node text is untrusted: special-token text such as `<|endoftext|>` is plain text, not an error. */
+const countTokens = (text: string) => countWithSpecials(text, { disallowedSpecial: new Set() })
 
 export interface DispatcherOptions {
   /** Nodes tried for one request when they fail before the first token (default 3). */

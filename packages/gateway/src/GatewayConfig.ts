@@ -40,7 +40,10 @@ export const config = Config.all({
     Config.withDefault(defaults.bodyTimeoutMillis),
   ),
   headersTimeoutMillis: Config.integer("SWARMGATE_HEADERS_TIMEOUT_MS").pipe(
-    Config.validate({ message: "SWARMGATE_HEADERS_TIMEOUT_MS must be at least 1", validation: (n) => n >= 1 }),
+    Config.validate({
+      message: "SWARMGATE_HEADERS_TIMEOUT_MS must be at least 1",
+      validation: (n) => n >= 1,
+    }),
     Config.withDefault(defaults.headersTimeoutMillis),
   ),
   keepAliveIntervalMillis: Config.integer("SWARMGATE_KEEPALIVE_MS").pipe(

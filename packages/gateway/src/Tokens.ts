@@ -123,7 +123,14 @@ export const truncate = (text: string, tokens: number): string => {
   let used = 0
   for (const segment of segments(text)) {
     const ids = encode(segment, PLAIN)
-    if (used + ids.length > tokens) return kept + decode(ids.slice(0, tokens - used))
+    if (used + ids.length > tokens) {
+      let cut = decode(ids.slice(0, tokens - used))
+      // A cut inside a character decodes to U+FFFD, and a cut text may encode to more tokens than
+      // it was cut from: shorten it until it is a prefix that fits.
+      while (cut.length > 0 && (!segment.startsWith(cut) || count(cut) > tokens - used))
+        cut = cut.slice(0, -1)
+      return kept + cut
+    }
     kept += segment
     used += ids.length
   }

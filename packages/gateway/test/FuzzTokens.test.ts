@@ -1,0 +1,88 @@
+/**
+ * Token counting on hostile text: it never throws, costs linear time, counts
+ * ordinary text exactly as gpt-tokenizer does, and keeps its promises about
+ * limits and truncation for any input.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import fc from "fast-check"
+import { countTokens } from "gpt-tokenizer"
+import * as Tokens from "../src/Tokens"
+
+const PLAIN = { disallowedSpecial: new Set<string>() }
+
+/** Words, numbers, punctuation, whitespace and non-Latin scripts in short runs: text as people write it. */
+const ordinary = fc
+  .array(
+    fc.oneof(
+      fc.constantFrom("the", " river", " valley", "Ünïcode", " 漢字", "。", " שלום", " 😀", "\n", "\t", "  "),
+      fc.stringMatching(/^[ -~]{0,12}$/),
+      fc.string({ maxLength: 8, unit: "grapheme" }),
+    ),
+    { maxLength: 400 },
+  )
+  .map((parts) => parts.join(""))
+
+/** Anything, including long runs of one character class and special-token text. */
+const hostile = fc.oneof(
+  ordinary,
+  fc.string({ unit: "binary", maxLength: 300 }),
+  fc
+    .tuple(
+      fc.constantFrom(" ", "a", "漢", "\n", "=", "\u0301", "1", "<|endoftext|>", "\ud800"),
+      fc.nat({ max: 2_000 }),
+    )
+    .map(([c, n]) => c.repeat(n)),
+)
+
+describe("Tokens", () => {
+  it("counts ordinary text exactly as gpt-tokenizer does", () => {
+    fc.assert(
+      fc.property(ordinary, (text) => {
+        expect(Tokens.count(text)).toBe(countTokens(text, PLAIN))
+      }),
+      { numRuns: 300 },
+    )
+  })
+
+  it("counts across the ordinary stretches of a long text exactly", () => {
+    const text =
+      "In 2024 the river's valley — 谷 — was 12.5 km wide!\n  def f(x):\n    return x**2  # 😀\n".repeat(
+        3_000,
+      )
+    expect(Tokens.count(text)).toBe(countTokens(text, PLAIN))
+  })
+
+  it("never throws; a limit gives the exact count within it and more than it beyond", () => {
+    fc.assert(
+      fc.property(hostile, fc.nat({ max: 600 }), (text, limit) => {
+        const full = Tokens.count(text)
+        const limited = Tokens.count(text, limit)
+        if (full <= limit) expect(limited).toBe(full)
+        else expect(limited).toBeGreaterThan(limit)
+      }),
+      { numRuns: 300 },
+    )
+  })
+
+  it("truncates to at most the cap, as a prefix", () => {
+    fc.assert(
+      fc.property(hostile, fc.nat({ max: 50 }), (text, cap) => {
+        const kept = Tokens.truncate(text, cap)
+        expect(Tokens.count(kept)).toBeLessThanOrEqual(cap)
+        expect(text.startsWith(kept)).toBe(true)
+      }),
+      { numRuns: 300 },
+    )
+  })
+
+  it("costs linear time on runs that make the tokenizer's merge quadratic", () => {
+    let cjk = ""
+    for (let i = 0; i < 300_000; i++) cjk += String.fromCharCode(0x4e00 + ((i * 7919) % 20_000))
+    for (const text of [" ".repeat(2_000_000), "a".repeat(2_000_000), "漢".repeat(1_000_000), cjk]) {
+      const started = performance.now()
+      Tokens.count(text, 32_767)
+      Tokens.promptTokens([{ content: text, imageTokens: 0 }], 32_767)
+      expect(performance.now() - started, text.slice(0, 2)).toBeLessThan(1_000)
+    }
+  })
+})
