@@ -54,10 +54,7 @@ describe("swarm-prime runs consensus by default", () => {
     }
     let record: UsageRecord | undefined
     for (let i = 0; i < 40 && record === undefined; i++) {
-      const usage = await server.admin<{ data: Array<UsageRecord> }>(
-        "GET",
-        `/usage?account_id=${accountId}`,
-      )
+      const usage = await server.admin<{ data: Array<UsageRecord> }>("GET", `/usage?account_id=${accountId}`)
       record = usage.body.data.find((r) => completion.id.endsWith(r.request_id.replace(/^req_/, "")))
       if (record === undefined) await new Promise((r) => setTimeout(r, 50))
     }

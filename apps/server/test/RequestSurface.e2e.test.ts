@@ -16,7 +16,10 @@ let client: OpenAI
 let key: string
 
 beforeAll(async () => {
-  server = await startServer({ SWARMGATE_SIM_SPEED: "200", SWARMGATE_MAX_IMAGE_BYTES: String(MAX_IMAGE_BYTES) })
+  server = await startServer({
+    SWARMGATE_SIM_SPEED: "200",
+    SWARMGATE_MAX_IMAGE_BYTES: String(MAX_IMAGE_BYTES),
+  })
   key = (await createKey(server, { balance_usd: 10_000 })).key
   client = new OpenAI({ apiKey: key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 })
 }, 60_000)
@@ -27,7 +30,9 @@ afterAll(async () => {
 
 const ask = (content: string) => [{ role: "user" as const, content }]
 
-const text = async (params: Omit<OpenAI.ChatCompletionCreateParamsNonStreaming, "model"> & { model?: string }) => {
+const text = async (
+  params: Omit<OpenAI.ChatCompletionCreateParamsNonStreaming, "model"> & { model?: string },
+) => {
   const completion = await client.chat.completions.create({ model: "swarm-prime", ...params })
   return { content: completion.choices[0]?.message.content ?? "", completion }
 }
@@ -174,7 +179,12 @@ describe("model capabilities", () => {
   it("lists capabilities and enforces the context limit", async () => {
     const models = (await client.models.list()).data as unknown as Array<{
       id: string
-      capabilities: { vision: boolean; max_context_tokens: number; max_output_tokens: number; json_mode: boolean }
+      capabilities: {
+        vision: boolean
+        max_context_tokens: number
+        max_output_tokens: number
+        json_mode: boolean
+      }
     }>
     const prime = models.find((m) => m.id === "swarm-prime")!
     const swift = models.find((m) => m.id === "swarm-swift")!
@@ -211,7 +221,11 @@ describe("any request the schema accepts", () => {
   it("gets a 200 or a documented refusal, never a 500", async () => {
     await fc.assert(
       fc.asyncProperty(arbitrary, async ({ request, model, cap }) => {
-        const body = { ...request, model, ...(cap === undefined ? {} : { max_tokens: cap, max_completion_tokens: null }) }
+        const body = {
+          ...request,
+          model,
+          ...(cap === undefined ? {} : { max_tokens: cap, max_completion_tokens: null }),
+        }
         const response = await fetch(`${server.baseUrl}/v1/chat/completions`, {
           method: "POST",
           headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },

@@ -10,7 +10,9 @@ import * as SimTransport from "../src/SimTransport"
 // --- fixtures --------------------------------------------------------------------------------
 
 // Most suites here test the single-node strategy; `-prime` defaults to consensus (the Swarm suite tests it).
-const presets = Presets.defaultPresets("test").map((preset): Presets.Preset => ({ ...preset, strategy: "single" }))
+const presets = Presets.defaultPresets("test").map(
+  (preset): Presets.Preset => ({ ...preset, strategy: "single" }),
+)
 const prime = presets[0]!
 const swift = presets[1]!
 

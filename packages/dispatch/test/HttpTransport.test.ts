@@ -397,7 +397,9 @@ describe("HttpTransport", () => {
 })
 
 describe("HTTP nodes through the dispatcher", () => {
-  const presets = Presets.defaultPresets("test").map((preset): Presets.Preset => ({ ...preset, strategy: "single" }))
+  const presets = Presets.defaultPresets("test").map(
+    (preset): Presets.Preset => ({ ...preset, strategy: "single" }),
+  )
 
   it.live(
     "a node failing before its first token is replaced by a working one, and its circuit opens",

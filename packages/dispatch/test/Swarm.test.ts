@@ -15,7 +15,9 @@ import * as SimTransport from "../src/SimTransport"
 import { runLevel } from "./support/ConsensusExperiment"
 
 // Most suites here test the single-node strategy; `-prime` defaults to consensus (see consensusPreset).
-const presets = Presets.defaultPresets("test").map((preset): Presets.Preset => ({ ...preset, strategy: "single" }))
+const presets = Presets.defaultPresets("test").map(
+  (preset): Presets.Preset => ({ ...preset, strategy: "single" }),
+)
 const prime = presets[0]!
 const consensusPreset: Presets.Preset = {
   ...prime,

@@ -56,7 +56,10 @@ describe("RequestPolicy", () => {
 
   it.effect("unknown models are 404 with param model", () =>
     Effect.gen(function* () {
-      expect(yield* refusal({ ...base, model: "swarm-unknown" })).toMatchObject({ status: 404, param: "model" })
+      expect(yield* refusal({ ...base, model: "swarm-unknown" })).toMatchObject({
+        status: 404,
+        param: "model",
+      })
     }),
   )
 
@@ -76,7 +79,10 @@ describe("RequestPolicy", () => {
         ["user", "u".repeat(257)],
         ["stop", ""],
       ] as const) {
-        expect(yield* refusal({ ...base, [field]: value })).toMatchObject({ code: "invalid_request", param: field })
+        expect(yield* refusal({ ...base, [field]: value })).toMatchObject({
+          code: "invalid_request",
+          param: field,
+        })
       }
       for (const [field, value] of [
         ["n", 1],
@@ -96,7 +102,15 @@ describe("RequestPolicy", () => {
     Effect.gen(function* () {
       const request = yield* run({
         ...base,
-        messages: [{ role: "user", content: [{ type: "text", text: "a" }, { type: "text", text: "b" }] }],
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "a" },
+              { type: "text", text: "b" },
+            ],
+          },
+        ],
       })
       expect(request.messages[0]?.content).toBe("a\nb")
       for (const type of ["input_audio", "file"]) {
@@ -106,7 +120,9 @@ describe("RequestPolicy", () => {
           param: "messages[0].content[0]",
         })
       }
-      expect(yield* refusal({ ...base, messages: [{ role: "user", content: [{ type: "video" }] }] })).toMatchObject({
+      expect(
+        yield* refusal({ ...base, messages: [{ role: "user", content: [{ type: "video" }] }] }),
+      ).toMatchObject({
         code: "invalid_request",
         param: "messages[0].content[0].type",
       })
@@ -117,14 +133,19 @@ describe("RequestPolicy", () => {
     Effect.gen(function* () {
       const image = (bytes: number, detail?: string) => ({
         type: "image_url",
-        image_url: { url: `data:image/png;base64,${Buffer.alloc(bytes).toString("base64")}`, ...(detail ? { detail } : {}) },
+        image_url: {
+          url: `data:image/png;base64,${Buffer.alloc(bytes).toString("base64")}`,
+          ...(detail ? { detail } : {}),
+        },
       })
       const ok = yield* run({ ...base, messages: [{ role: "user", content: [image(1_000, "low")] }] })
       expect(ok.messages[0]?.images[0]).toMatchObject({ mediaType: "image/png", bytes: 1_000 })
       expect(ok.promptTokens).toBe(3 + 3 + Tokens.IMAGE_TOKENS_LOW)
       const high = yield* run({ ...base, messages: [{ role: "user", content: [image(10)] }] })
       expect(high.promptTokens).toBe(3 + 3 + Tokens.IMAGE_TOKENS_DEFAULT)
-      expect(yield* refusal({ ...base, messages: [{ role: "user", content: [image(1_001)] }] })).toMatchObject({
+      expect(
+        yield* refusal({ ...base, messages: [{ role: "user", content: [image(1_001)] }] }),
+      ).toMatchObject({
         status: 413,
         param: "messages[0].content[0]",
       })
@@ -133,13 +154,20 @@ describe("RequestPolicy", () => {
       ).toMatchObject({ status: 400, param: "messages[0].content[0]" })
       const remote = yield* run({
         ...base,
-        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://x.test/cat.JPG?s=1" } }] }],
+        messages: [
+          {
+            role: "user",
+            content: [{ type: "image_url", image_url: { url: "https://x.test/cat.JPG?s=1" } }],
+          },
+        ],
       })
       expect(remote.messages[0]?.images[0]?.mediaType).toBe("image/jpeg")
       expect(
         yield* refusal({
           ...base,
-          messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "ftp://x/cat.png" } }] }],
+          messages: [
+            { role: "user", content: [{ type: "image_url", image_url: { url: "ftp://x/cat.png" } }] },
+          ],
         }),
       ).toMatchObject({ param: "messages[0].content[0].image_url.url" })
     }),
@@ -148,11 +176,15 @@ describe("RequestPolicy", () => {
   it.effect("a prompt beyond the context is refused; the cap shrinks to what is left", () =>
     Effect.gen(function* () {
       const long = " word".repeat(swift!.maxContextTokens)
-      expect(yield* refusal({ ...base, model: "swarm-swift", messages: [{ role: "user", content: long }] })).toMatchObject(
-        { param: "messages" },
-      )
+      expect(
+        yield* refusal({ ...base, model: "swarm-swift", messages: [{ role: "user", content: long }] }),
+      ).toMatchObject({ param: "messages" })
       const nearlyFull = " word".repeat(swift!.maxContextTokens - 100)
-      const request = yield* run({ ...base, model: "swarm-swift", messages: [{ role: "user", content: nearlyFull }] })
+      const request = yield* run({
+        ...base,
+        model: "swarm-swift",
+        messages: [{ role: "user", content: nearlyFull }],
+      })
       expect(request.maxTokens).toBe(swift!.maxContextTokens - request.promptTokens)
     }),
   )
