@@ -13,8 +13,9 @@
  * node cut, node stall, node latency, and Redis / PostgreSQL cuts when given.
  *
  * At every checkpoint traffic pauses until the gateway is quiet, a full GC
- * runs in it (started with `--expose-gc`; SIGUSR2), then every gauge is read. Writes `reports/soak-<time>.json` and `.html` (SVG charts);
- * exits 1 when a leak, drift or memory growth is found.
+ * runs in it (started with `--expose-gc`; SIGUSR2), then every gauge is read.
+ * Writes `reports/soak-<time>.json` and `.html` (SVG charts); exits 1 when a
+ * leak, drift or memory growth is found.
  *
  *   --minutes N        duration (default 2)
  *   --interval S       seconds between checkpoints (default: a tenth of the run, 10–60)

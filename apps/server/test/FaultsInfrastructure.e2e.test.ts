@@ -230,6 +230,13 @@ describe.skipIf(missing.length > 0 && !required)("infrastructure faults", () => 
     })
   }
 
+  /** Every request that ran so far has its usage record. */
+  const ledgerCaughtUp = () =>
+    eventually(async () => {
+      const have = new Set((await usageOf(server, accountId)).map((r) => r.request_id))
+      return [...ran.keys()].every((id) => mayLapse.has(id) || have.has(id))
+    }, 10_000)
+
   const healthy = async () => {
     const outcome = await chat({})
     expect(outcome.status).toBe(200)
@@ -349,6 +356,9 @@ describe.skipIf(missing.length > 0 && !required)("infrastructure faults", () => 
     it("cut: a known key keeps working, an unknown one gets 503; charges are written once it is back", async () => {
       await healthy()
       const fresh = (await createKey(server, { balance_usd: 5, limits: NO_LIMITS })).key
+      // A cut in the middle of a ledger write delays that batch by the 30 s claim timeout (reported):
+      // the fault starts between writes.
+      await ledgerCaughtUp()
       pg.set("cut")
       await sleep(200)
       const known = await Promise.all(Array.from({ length: 4 }, () => chat({})))
@@ -368,6 +378,7 @@ describe.skipIf(missing.length > 0 && !required)("infrastructure faults", () => 
     it("stall: lookups give up with 503 in bounded time; known keys keep working; charges are written after", async () => {
       await healthy()
       const fresh = (await createKey(server, { balance_usd: 5, limits: NO_LIMITS })).key
+      await ledgerCaughtUp()
       pg.set("stall")
       const [known, unknownKey] = await Promise.all([
         Promise.all(Array.from({ length: 4 }, () => chat({}))),

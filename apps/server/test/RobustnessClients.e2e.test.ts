@@ -170,40 +170,51 @@ describe("big bodies", () => {
     expect(text).toMatch(/^HTTP\/1\.1 413 /)
     const body = JSON.parse(text.slice(text.indexOf("\r\n\r\n") + 4))
     expect(body.error.code).toBe("request_too_large")
-    // What left this side: the limit, the drain, and what socket buffers on both ends held.
-    expect(socket.bytesWritten).toBeLessThan(MAX_BODY + DRAIN + 32 * 1024 * 1024)
+    // Sent at most: the limit, the drain, and both sockets' kernel buffers (~4 MiB on loopback).
+    console.info(`1 GiB upload: ${(socket.bytesWritten / 2 ** 20).toFixed(1)} MiB left the client`)
+    expect(socket.bytesWritten).toBeLessThan(MAX_BODY + DRAIN + 8 * 1024 * 1024)
     expect(rssBytes(strict) - rssBefore).toBeLessThan(64 * 1024 * 1024)
   }, 30_000)
 })
 
 describe("idle connections", () => {
   it("1,000 idle connections do not raise normal traffic's p99 noticeably", async () => {
-    // Warm-up, then the baseline.
     await chatLatency(relaxed, relaxedKey, 40)
-    const baseline = await chatLatency(relaxed, relaxedKey, 200)
-    const idle: Array<Socket> = []
-    await Promise.all(
-      Array.from(
-        { length: 1_000 },
-        () =>
-          new Promise<void>((resolve) => {
-            const socket = connect(portOf(relaxed), "127.0.0.1", () => resolve())
-            socket.on("error", () => resolve())
-            idle.push(socket)
-          }),
-      ),
-    )
-    try {
-      const loaded = await chatLatency(relaxed, relaxedKey, 200)
-      console.info(
-        `p99 ${baseline.p99.toFixed(1)} ms → ${loaded.p99.toFixed(1)} ms with 1,000 idle connections (p50 ${baseline.p50.toFixed(1)} → ${loaded.p50.toFixed(1)})`,
+    const openIdle = async () => {
+      const idle: Array<Socket> = []
+      await Promise.all(
+        Array.from(
+          { length: 1_000 },
+          () =>
+            new Promise<void>((resolve) => {
+              const socket = connect(portOf(relaxed), "127.0.0.1", () => resolve())
+              socket.on("error", () => resolve())
+              idle.push(socket)
+            }),
+        ),
       )
-      expect(loaded.p99).toBeLessThan(3 * baseline.p99 + 20)
-      // Still held open by the gateway, or the comparison proved nothing.
-      expect(idle.filter((s) => !s.destroyed && s.readyState === "open").length).toBeGreaterThanOrEqual(990)
-    } finally {
-      for (const socket of idle) socket.destroy()
+      return idle
     }
+    // Rounds without and with the idle connections, alternating: load from elsewhere falls on both alike.
+    const without: Array<number> = []
+    const withIdle: Array<number> = []
+    for (let round = 0; round < 3; round++) {
+      without.push(...(await chatLatency(relaxed, relaxedKey, 70)).times)
+      const idle = await openIdle()
+      try {
+        withIdle.push(...(await chatLatency(relaxed, relaxedKey, 70)).times)
+        // Still held open by the gateway, or the comparison proved nothing.
+        expect(idle.filter((s) => !s.destroyed && s.readyState === "open").length).toBeGreaterThanOrEqual(990)
+      } finally {
+        for (const socket of idle) socket.destroy()
+      }
+    }
+    const before = { p50: percentile(without, 0.5), p99: percentile(without, 0.99) }
+    const after = { p50: percentile(withIdle, 0.5), p99: percentile(withIdle, 0.99) }
+    console.info(
+      `p99 ${before.p99.toFixed(1)} ms → ${after.p99.toFixed(1)} ms with 1,000 idle connections (p50 ${before.p50.toFixed(1)} → ${after.p50.toFixed(1)})`,
+    )
+    expect(after.p99).toBeLessThan(3 * before.p99 + 20)
   }, 30_000)
 })
 
@@ -230,15 +241,17 @@ describe("bad keys", () => {
       }
     }
     await chatLatency(relaxed, relaxedKey, 40)
-    const baseline = await chatLatency(relaxed, relaxedKey, 200)
     // Pipelined on 8 connections: the load generator stays cheap, the gateway does the work.
     const body = '{"model":"swarm-prime","messages":[{"role":"user","content":"hi"}]}'
     const request = (i: number) => {
       const key = badKey(i)
       return `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${key === undefined ? "" : `Authorization: Bearer ${key}\r\n`}Content-Length: ${body.length}\r\n\r\n${body}`
     }
+    // Half-second windows with and without the flood, alternating: whatever else loads the machine
+    // falls on both alike, so the comparison shows the flood's own cost.
+    let floodOn = false
+    let sent = 0
     const statuses = new Map<number, number>()
-    let flooding = true
     const connection = async (c: number) => {
       const exchange = rawExchange(port, undefined, 60_000)
       let text = ""
@@ -261,22 +274,37 @@ describe("bad keys", () => {
         })
         exchange.socket.once("close", () => resolve())
       })
-      // Paced at 2,500 requests/s in all: a sustained flood, not a burst that any single thread would queue behind.
-      for (let tick = 0; tick < 250; tick++) {
-        let data = ""
-        for (let j = 0; j < 5; j++) data += request(c * 1_250 + tick * 5 + j)
-        exchange.socket.write(data)
+      // While on: 2,500 requests/s in all, a sustained flood rather than one burst to queue behind.
+      for (let tick = 0; tick < 250; ) {
+        if (floodOn) {
+          let data = ""
+          for (let j = 0; j < 5; j++) data += request(c * 1_250 + tick * 5 + j)
+          exchange.socket.write(data)
+          sent += 5
+          tick++
+        }
         await sleep(16)
       }
       await done
       exchange.socket.destroy()
     }
-    const flood = Promise.all(Array.from({ length: 8 }, (_, c) => connection(c))).finally(() => {
-      flooding = false
-    })
-    const during: Array<number> = []
-    while (flooding) during.push(...(await chatLatency(relaxed, relaxedKey, 20)).times)
+    const flood = Promise.all(Array.from({ length: 8 }, (_, c) => connection(c)))
+    const latency = { on: [] as Array<number>, off: [] as Array<number> }
+    let measuring = true
+    const valid = (async () => {
+      while (measuring) {
+        const phase = floodOn ? "on" : "off"
+        latency[phase].push(...(await chatLatency(relaxed, relaxedKey, 4)).times)
+      }
+    })()
+    while (sent < 10_000) {
+      floodOn = !floodOn
+      await sleep(500)
+    }
+    floodOn = true
     await flood
+    measuring = false
+    await valid
     expect([...statuses.entries()]).toEqual([[401, 10_000]])
     const sample = await fetch(`${relaxed.baseUrl}/v1/chat/completions`, {
       method: "POST",
@@ -286,11 +314,13 @@ describe("bad keys", () => {
     expect(expectRefusal(401, Object.fromEntries(sample.headers.entries()), await sample.text())).toBe(
       "invalid_api_key",
     )
-    const p99 = percentile(during, 0.99)
+    const off = { p50: percentile(latency.off, 0.5), p99: percentile(latency.off, 0.99) }
+    const on = { p50: percentile(latency.on, 0.5), p99: percentile(latency.on, 0.99) }
     console.info(
-      `valid p99 ${baseline.p99.toFixed(1)} ms → ${p99.toFixed(1)} ms during a 10,000 bad-key flood`,
+      `valid traffic without → with a 2,500/s bad-key flood: p50 ${off.p50.toFixed(1)} → ${on.p50.toFixed(1)} ms, p99 ${off.p99.toFixed(1)} → ${on.p99.toFixed(1)} ms (${latency.off.length}/${latency.on.length} requests)`,
     )
-    // Both share two cores with the load generator: a generous bound that a lookup per bad key would break.
-    expect(p99).toBeLessThan(3 * baseline.p99 + 20)
+    // Generous bounds on two shared cores, which a database lookup per bad key would break.
+    expect(on.p50).toBeLessThan(2 * off.p50 + 10)
+    expect(on.p99).toBeLessThan(3 * off.p99 + 20)
   }, 60_000)
 })
