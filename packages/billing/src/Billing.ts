@@ -18,6 +18,7 @@ import {
 } from "@swarmgate/protocol"
 import { Clock, Config, type ConfigError, Context, Data, Effect, Layer, type Scope } from "effect"
 import { Book, type Hold, type HoldRequest, type Refusal, startOfUtcMonth } from "./internal/Book"
+import * as LedgerWriter from "./internal/LedgerWriter"
 import * as Ledger from "./Ledger"
 import { costMicros, fromConfig, type PriceTable } from "./Prices"
 
@@ -240,19 +241,7 @@ export const make = (
           if (hold === undefined) return undefined
           const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
           const charge = book.settle(requestId, cost, now)!
-          const entry: Ledger.UsageEntry = {
-            requestId,
-            accountId: hold.accountId,
-            keyId: hold.keyId,
-            model: hold.model,
-            promptTokens: hold.promptTokens,
-            completionTokens: settlement.completionTokens,
-            costMicros: charge.chargedMicros,
-            holdMicros: hold.amountMicros,
-            outcome: settlement.outcome,
-            startedAt: hold.createdAt,
-            createdAt: now,
-          }
+          const entry = LedgerWriter.usageEntry(hold, settlement, charge.chargedMicros, now)
           enqueue(entry)
           return entry
         }),
@@ -274,7 +263,7 @@ export const make = (
       }),
     )
 
-    /** Writes what is queued (up to batchMax); a failed batch goes back to the front of the queue. */
+    /** Writes what is queued (up to batchMax); what failed goes back to the front of the queue. */
     const writeQueued = Effect.uninterruptible(
       lock.withPermits(1)(
         Effect.gen(function* () {
@@ -284,27 +273,13 @@ export const make = (
           if (queue.length > 0) wake.unsafeOpen()
           if (queue.length >= batchMax) full.unsafeOpen()
           if (batch.length === 0) return
-          const done = (entries: ReadonlyArray<Ledger.UsageEntry>) => {
-            for (const e of entries) book.written(e.accountId, e.costMicros)
-          }
-          const batched = yield* Effect.either(Ledger.writeBatch(batch))
-          if (batched._tag === "Right") return done(batch)
-          // One bad entry (e.g. already written) must not block the others: retry them one by one.
-          const failed: Array<Ledger.UsageEntry> = []
-          let cause: unknown
-          for (const entry of batch) {
-            const one = yield* Effect.either(Ledger.writeOne(entry))
-            if (one._tag === "Right") done([entry])
-            else {
-              failed.push(entry)
-              cause = one.left
-            }
-          }
-          if (failed.length > 0) {
-            queue.unshift(...failed)
+          const outcome = yield* LedgerWriter.write(batch)
+          for (const e of outcome.written) book.written(e.accountId, e.costMicros)
+          if (outcome.failed.length > 0) {
+            queue.unshift(...outcome.failed)
             wake.unsafeOpen()
             return yield* Effect.fail(
-              new BillingUnavailable({ reason: `${failed.length} charge(s) could not be written`, cause }),
+              new BillingUnavailable({ reason: LedgerWriter.failedReason(outcome), cause: outcome.cause }),
             )
           }
         }).pipe(withSql),

@@ -20,7 +20,7 @@
  *   has nothing yet, so instances starting together agree on the first seed.
  */
 import { SqlClient, type SqlError } from "@effect/sql"
-import { Database } from "@swarmgate/store"
+import { Database, Redis as R } from "@swarmgate/store"
 import { Clock, type ConfigError, Effect, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
 import {
@@ -38,7 +38,7 @@ import {
 } from "./Billing"
 import type { Hold, Refusal } from "./internal/Book"
 import { startOfUtcMonth } from "./internal/Book"
-import * as R from "./internal/Redis"
+import * as LedgerWriter from "./internal/LedgerWriter"
 import * as Scripts from "./internal/RedisScripts"
 import * as Ledger from "./Ledger"
 import { costMicros } from "./Prices"
@@ -424,19 +424,8 @@ export const make = (
           local.delete(requestId)
           const now = yield* Clock.currentTimeMillis
           const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
-          const entry: Ledger.UsageEntry = {
-            requestId,
-            accountId: hold.accountId,
-            keyId: hold.keyId,
-            model: hold.model,
-            promptTokens: hold.promptTokens,
-            completionTokens: settlement.completionTokens,
-            costMicros: Math.max(0, Math.min(cost, hold.amountMicros)),
-            holdMicros: hold.amountMicros,
-            outcome: settlement.outcome,
-            startedAt: hold.createdAt,
-            createdAt: now,
-          }
+          const chargedMicros = Math.max(0, Math.min(cost, hold.amountMicros))
+          const entry = LedgerWriter.usageEntry(hold, settlement, chargedMicros, now)
           const charged = yield* retried(
             run(
               Scripts.settle,
@@ -534,32 +523,17 @@ export const make = (
                   Effect.logWarning(`billing: acknowledging written charges failed: ${e.reason}`),
                 ),
               )
-        const batched = yield* Effect.either(Ledger.writeBatch(batch).pipe(withSql))
-        if (batched._tag === "Right") {
-          yield* ack(batch)
-          return batch.length
-        }
-        // One bad entry (e.g. written by a writer whose acknowledgement was lost) must not block the others.
-        const written: Array<Ledger.UsageEntry> = []
-        const failed: Array<Ledger.UsageEntry> = []
-        let cause: unknown
-        for (const entry of batch) {
-          const one = yield* Effect.either(Ledger.writeOne(entry).pipe(withSql))
-          if (one._tag === "Right") written.push(entry)
-          else {
-            failed.push(entry)
-            cause = one.left
-          }
-        }
-        yield* ack(written)
-        if (failed.length > 0) {
+        // An entry may be in the ledger already (written by a writer whose acknowledgement was lost).
+        const outcome = yield* LedgerWriter.write(batch).pipe(withSql)
+        yield* ack(outcome.written)
+        if (outcome.failed.length > 0) {
           yield* run(
             Scripts.unclaim,
             [K.claimed, K.claimDeadlines, K.queue],
-            failed.map((e) => e.requestId),
+            outcome.failed.map((e) => e.requestId),
           ).pipe(Effect.ignore)
           return yield* Effect.fail(
-            new BillingUnavailable({ reason: `${failed.length} charge(s) could not be written`, cause }),
+            new BillingUnavailable({ reason: LedgerWriter.failedReason(outcome), cause: outcome.cause }),
           )
         }
         return batch.length

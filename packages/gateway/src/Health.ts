@@ -11,9 +11,9 @@
 import { performance } from "node:perf_hooks"
 import { SqlClient } from "@effect/sql"
 import { Dispatcher } from "@swarmgate/dispatch"
+import { Redis as R } from "@swarmgate/store"
 import { Cause, Context, Effect, Layer, Option, type Redacted, Schedule } from "effect"
 import type { Redis } from "ioredis"
-import * as R from "./internal/Redis"
 import { Metrics } from "./Metrics"
 
 export interface Check {

@@ -11,9 +11,9 @@
  * else keep calling `register` and `drain` as on one instance.
  */
 import { Dispatcher, type NodesFile } from "@swarmgate/dispatch"
+import { Redis as R } from "@swarmgate/store"
 import { Clock, Effect, Either, Layer, type Redacted, Runtime, Schedule } from "effect"
 import type { Redis } from "ioredis"
-import * as R from "./internal/Redis"
 
 export interface NodeRegistryOptions {
   readonly url: string | Redacted.Redacted

@@ -5,6 +5,7 @@
  * renewing and what it held comes back within one lease.
  */
 
+import { Redis as SharedRedis } from "@swarmgate/store"
 import { Clock, Effect, Redacted, type Scope } from "effect"
 import { Redis } from "ioredis"
 import { concurrencyWait, MICROS_PER_MILLI, type RateState } from "../internal/Algorithm"
@@ -80,54 +81,15 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
     const leaseMillis = options.leaseMillis ?? DEFAULT_LEASE_MILLIS
     const leaseMicros = String(leaseMillis * MICROS_PER_MILLI)
     const pollMillis = options.pollMillis ?? 25
-    const url = Redacted.isRedacted(options.url) ? Redacted.value(options.url) : options.url
-
-    const redis = yield* Effect.acquireRelease(
-      Effect.sync(
-        () =>
-          new Redis(url, {
-            // Fail at once while disconnected, so the failure policy decides instead of a growing backlog.
-            enableOfflineQueue: false,
-            maxRetriesPerRequest: 1,
-            commandTimeout: options.commandTimeoutMillis ?? 1_000,
-            connectTimeout: 2_000,
-          }),
-      ),
-      (client) =>
-        Effect.promise(() => client.quit().catch(() => undefined)).pipe(
-          Effect.timeout(1_000),
-          Effect.ignore,
-          Effect.ensuring(Effect.sync(() => client.disconnect())),
-        ),
-    )
-    // Errors surface on the commands (and in the failure policy's log line); the event alone is noise.
-    redis.on("error", () => undefined)
-    // Start either way: while Redis is away the failure policy answers, and ioredis keeps reconnecting.
-    yield* Effect.async<void>((resume) => {
-      if (redis.status === "ready") return resume(Effect.void)
-      const done = () => {
-        clearTimeout(timer)
-        redis.off("ready", done)
-        redis.off("error", done)
-        resume(Effect.void)
-      }
-      const timer = setTimeout(done, 2_000)
-      redis.once("ready", done)
-      redis.once("error", done)
-    })
+    // Commands fail at once while disconnected, so the failure policy decides instead of a growing backlog;
+    // while Redis is away the failure policy answers, and ioredis keeps reconnecting.
+    const redis = yield* SharedRedis.connect(options.url, options.commandTimeoutMillis ?? 1_000)
 
     const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string>) =>
-      Effect.tryPromise({
-        try: async () => {
-          try {
-            return (await redis.evalsha(script.sha, keys.length, ...keys, ...args)) as Reply
-          } catch (error) {
-            if (!String((error as Error)?.message).startsWith("NOSCRIPT")) throw error
-            return (await redis.eval(script.source, keys.length, ...keys, ...args)) as Reply
-          }
-        },
-        catch: (cause) => new StoreUnavailable({ reason: String((cause as Error)?.message ?? cause), cause }),
-      })
+      SharedRedis.run(redis, script, keys, args).pipe(
+        Effect.map((reply) => reply as Reply),
+        Effect.mapError((e) => new StoreUnavailable({ reason: e.reason, cause: e.cause })),
+      )
 
     // Local waiters are woken by local releases at once; others see them on their next poll.
     const waiters = new Map<string, Set<() => void>>()

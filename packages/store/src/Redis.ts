@@ -1,18 +1,29 @@
 /**
- * One ioredis connection for the billing book, handled as the quota store
- * handles its own: commands fail at once while disconnected (no backlog that
- * would turn into a burst of stale holds), scripts by SHA with a fallback to
- * EVAL after a Redis restart.
+ * One ioredis connection, handled the same way by every package that talks to
+ * Redis (the quota store, the billing book, the gateway's node registry and
+ * readiness check): commands fail at once while disconnected (no backlog that
+ * would turn into a burst of stale work after an outage), scripts by SHA with
+ * a fallback to EVAL after a Redis restart.
  */
 import { Data, Effect, Redacted, type Scope } from "effect"
 import { Redis } from "ioredis"
-import type { Script } from "./RedisScripts"
 
 export class RedisFailure extends Data.TaggedError("RedisFailure")<{
   readonly reason: string
   readonly cause?: unknown
 }> {}
 
+/** A Lua script and the SHA-1 of its source. */
+export interface Script {
+  readonly source: string
+  readonly sha: string
+}
+
+/**
+ * A connection for the scope; a command that takes longer than `commandTimeoutMillis`
+ * fails. Starts either way, after at most 2 s: while Redis is away its commands
+ * fail with `RedisFailure`, and ioredis keeps reconnecting.
+ */
 export const connect = (
   url: string | Redacted.Redacted,
   commandTimeoutMillis: number,
@@ -58,6 +69,7 @@ export const connect = (
 const failure = (cause: unknown) =>
   new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })
 
+/** Runs a script by its SHA, sending the source when Redis does not know it (`NOSCRIPT`). */
 export const run = (
   redis: Redis,
   script: Script,
@@ -76,5 +88,6 @@ export const run = (
     catch: failure,
   })
 
+/** One ioredis call; its rejection becomes a `RedisFailure`. */
 export const command = <A>(use: () => Promise<A>): Effect.Effect<A, RedisFailure> =>
   Effect.tryPromise({ try: use, catch: failure })

@@ -1,0 +1,70 @@
+/**
+ * The ledger-writing half shared by both books (`Billing.ts` in memory,
+ * `RedisBilling.ts` in Redis): how a settled hold becomes a usage record, and
+ * how a batch of them reaches SQL. What a book does with the outcome (mark the
+ * charges written, acknowledge or give back a claim, queue again) stays with
+ * the book.
+ */
+import type { SqlClient } from "@effect/sql"
+import { Effect } from "effect"
+import * as Ledger from "../Ledger"
+import type { Hold } from "./Book"
+
+/** The usage record of a settled hold; `chargedMicros` is already capped at the hold. */
+export const usageEntry = (
+  hold: Hold,
+  settlement: Pick<Ledger.UsageEntry, "completionTokens" | "outcome">,
+  chargedMicros: number,
+  now: number,
+): Ledger.UsageEntry => ({
+  requestId: hold.requestId,
+  accountId: hold.accountId,
+  keyId: hold.keyId,
+  model: hold.model,
+  promptTokens: hold.promptTokens,
+  completionTokens: settlement.completionTokens,
+  costMicros: chargedMicros,
+  holdMicros: hold.amountMicros,
+  outcome: settlement.outcome,
+  startedAt: hold.createdAt,
+  createdAt: now,
+})
+
+export interface WriteOutcome {
+  /** In the ledger now, or already there (a batch that committed but whose answer was lost). */
+  readonly written: ReadonlyArray<Ledger.UsageEntry>
+  /** Not written; the book must keep them for a later attempt. */
+  readonly failed: ReadonlyArray<Ledger.UsageEntry>
+  /** Why the last of `failed` failed. */
+  readonly cause: unknown
+}
+
+/**
+ * Writes a batch in one transaction (group commit). When that fails, writes
+ * the entries one by one, so one bad entry (e.g. one already written) does not
+ * block the others; each is written at most once, the request id being the
+ * ledger's primary key. Never fails: the outcome says what was written.
+ */
+export const write = (
+  batch: ReadonlyArray<Ledger.UsageEntry>,
+): Effect.Effect<WriteOutcome, never, SqlClient.SqlClient> =>
+  Effect.gen(function* () {
+    const batched = yield* Effect.either(Ledger.writeBatch(batch))
+    if (batched._tag === "Right") return { written: batch, failed: [], cause: undefined }
+    const written: Array<Ledger.UsageEntry> = []
+    const failed: Array<Ledger.UsageEntry> = []
+    let cause: unknown
+    for (const entry of batch) {
+      const one = yield* Effect.either(Ledger.writeOne(entry))
+      if (one._tag === "Right") written.push(entry)
+      else {
+        failed.push(entry)
+        cause = one.left
+      }
+    }
+    return { written, failed, cause }
+  })
+
+/** The `reason` of the `BillingUnavailable` a book fails with when some charges were not written. */
+export const failedReason = (outcome: WriteOutcome) =>
+  `${outcome.failed.length} charge(s) could not be written`
