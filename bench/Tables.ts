@@ -3,6 +3,7 @@
  * bare proxy, latency at one connection against the direct node, the scaling
  * curves, the profile, and the issue's targets with what was measured.
  */
+import type { AutocannonMeasured } from "./Autocannon"
 
 export interface Row {
   readonly mode: string
@@ -160,30 +161,53 @@ export const ablationTable = (rows: ReadonlyArray<Row>, base: (mode: string) => 
     }),
   )
 
-export const crossCheckTable = (pairs: ReadonlyArray<{ readonly undici: Row; readonly http: Row }>) =>
+export interface CrossCheck {
+  readonly undici: Row
+  readonly http: Row
+  readonly autocannon: AutocannonMeasured
+}
+
+/** `value (+x.x%)`: a figure next to our undici client's. */
+const against = (value: number, base: number) =>
+  `${fmt(value)} (${value >= base ? "+" : "−"}${fmt((Math.abs(value - base) / base) * 100, 1)}%)`
+
+const autocannonFailures = (a: AutocannonMeasured) => {
+  const codes = Object.entries(a.statusCodes).filter(([code]) => !code.startsWith("2"))
+  const non2xx = a.non2xx === 0 ? "0" : `**${a.non2xx}** (${codes.map(([c, n]) => `${c} × ${n}`).join(", ")})`
+  return a.errors === 0 ? non2xx : `${non2xx}, **${a.errors} socket errors**`
+}
+
+export const crossCheckTable = (checks: ReadonlyArray<CrossCheck>) =>
   table(
     [
       "target",
-      "concurrency",
+      "connections",
       "undici req/s",
       "node:http req/s",
-      "difference",
+      "autocannon req/s",
       "undici E2E p50 µs",
       "node:http E2E p50 µs",
-      "undici generator CPU %",
-      "node:http generator CPU %",
+      "autocannon p50 µs",
+      "generator CPU % (undici / http / autocannon)",
+      "autocannon non-2xx",
     ],
-    pairs.map(({ undici, http }) => [
-      `${undici.target}${disturbed(undici.foreignPercent > http.foreignPercent ? undici : http)}`,
-      String(undici.concurrency),
-      fmt(undici.rps),
-      fmt(http.rps),
-      `${fmt(((http.rps - undici.rps) / undici.rps) * 100, 1)}%`,
-      fmt(undici.e2eP50),
-      fmt(http.e2eP50),
-      fmt(undici.generatorCpuPercent),
-      fmt(http.generatorCpuPercent),
-    ]),
+    checks.map(({ undici, http, autocannon }) => {
+      const worst = Math.max(undici.foreignPercent, http.foreignPercent, autocannon.foreignPercent)
+      return [
+        `${undici.target}${worst > 20 ? " ⚠" : ""}`,
+        String(undici.concurrency),
+        fmt(undici.rps),
+        against(http.rps, undici.rps),
+        against(autocannon.rps, undici.rps),
+        fmt(undici.e2eP50),
+        against(http.e2eP50, undici.e2eP50),
+        against(autocannon.e2eP50, undici.e2eP50),
+        [undici.generatorCpuPercent, http.generatorCpuPercent, autocannon.generatorCpuPercent]
+          .map((c) => fmt(c))
+          .join(" / "),
+        autocannonFailures(autocannon),
+      ]
+    }),
   )
 
 export const streamsTable = (rows: ReadonlyArray<Row>) =>

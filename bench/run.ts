@@ -7,7 +7,8 @@
  *   main        JSON, SSE 20 and SSE 200 chunks: direct / bare proxy (undici) /
  *               bare proxy (fetch) / swarmgate — throughput and CPU at 32
  *               connections, latency at one
- *   crosscheck  the same JSON cases with the node:http client, to check the generator
+ *   crosscheck  the JSON cases again with the node:http client and with autocannon
+ *               (bench/Autocannon.ts), to check the generator against other clients
  *   ablation    swarmgate with access logs on, and with hedging and its timeouts off
  *   components  Effect primitives and the HTTP node transport alone (bench/components.ts)
  *   streams     10 → 2,000 concurrent paced streams (20 tokens/s each)
@@ -36,11 +37,13 @@ import {
   startGateway,
   waitReady,
 } from "../apps/loadtest/src/Spawn"
+import { measureAutocannon } from "./Autocannon"
 import { CORE_GENERATOR, idlePercent, type Measured, measure, pinAll } from "./Measure"
 import { loadAverage, machine, pin } from "./Procfs"
 import { readProfile, summarize as summarizeProfile } from "./profile-summary"
 import {
   ablationTable,
+  type CrossCheck,
   crossCheckTable,
   fmt,
   latencyTable,
@@ -230,7 +233,7 @@ const toRow = (id: string, endpoint: Endpoint, mode: string, measured: Measured)
 }
 
 /** The run with the median throughput, as a whole (its latency and CPU belong to it). */
-const median = (rows: ReadonlyArray<Row>): Row =>
+const median = <T extends { readonly rps: number }>(rows: ReadonlyArray<T>): T =>
   [...rows].sort((a, b) => a.rps - b.rps)[Math.floor(rows.length / 2)]!
 
 const allPids = () => [...children.map((c) => c.pid), ...gateways.map((g) => g.child.pid)]
@@ -269,7 +272,7 @@ const main = async () => {
   log(`load average ${loadBefore.join(" ")}; sections ${[...sections].join(",")}`)
 
   const main: Array<Row> = []
-  const cross: Array<{ undici: Row; http: Row }> = []
+  const cross: Array<CrossCheck> = []
   const ablation: Array<Row> = []
   const components: Array<ComponentCost> = []
   const streams: Array<Row> = []
@@ -344,30 +347,39 @@ const main = async () => {
     if (sections.has("crosscheck")) {
       log("section crosscheck")
       const json = MODES[0]!
-      // swarmgate only at one connection: its throughput is nowhere near the generator's limit.
-      for (const [endpoint, c] of [
-        [endpoints[0]!, 1],
-        [endpoints[0]!, sat.c],
-        [endpoints[1]!, 1],
-        [endpoints[1]!, sat.c],
-        [endpoints[3]!, 1],
-      ] as const) {
-        // Alternated three times and the median kept: other tenants come and go within seconds.
-        const runs: Record<ClientKind, Array<Row>> = { undici: [], http: [] }
-        for (let round = 0; round < 3; round++)
-          for (const client of ["undici", "http"] as const)
-            runs[client].push(
-              await measureRow(
-                `crosscheck ${endpoint.target} c=${c} ${client} #${round + 1}`,
-                endpoint,
-                "json",
-                loadOptions(endpoint, json, c, seconds(c === 1 ? 2 : 3), seconds(1), client),
-              ),
+      for (const endpoint of [endpoints[0]!, endpoints[1]!, endpoints[3]!])
+        for (const c of [1, sat.c]) {
+          // Alternated three times and the median kept: other tenants come and go within seconds.
+          const runs: Record<ClientKind, Array<Row>> = { undici: [], http: [] }
+          const cannon: Array<CrossCheck["autocannon"]> = []
+          for (let round = 0; round < 3; round++) {
+            const id = (client: string) => `crosscheck ${endpoint.target} c=${c} ${client} #${round + 1}`
+            for (const client of ["undici", "http"] as const)
+              runs[client].push(
+                await measureRow(
+                  id(client),
+                  endpoint,
+                  "json",
+                  loadOptions(endpoint, json, c, seconds(c === 1 ? 2 : 3), seconds(1), client),
+                ),
+              )
+            const measured = await measureAutocannon(
+              loadOptions(endpoint, json, c, seconds(c === 1 ? 2 : 3), seconds(1)),
+              endpoint.pid,
+              allPids().filter((p) => p !== endpoint.pid),
             )
-        const undici = median(runs.undici)
-        const http = median(runs.http)
-        cross.push({ undici, http })
-      }
+            cannon.push(measured)
+            log(
+              `${id("autocannon")}: ${fmt(measured.rps)} req/s, ${fmt(measured.cpuMicrosPerRequest)} CPU µs/req, E2E p50 ${fmt(measured.e2eP50)} µs, non-2xx ${measured.non2xx}, errors ${measured.errors}`,
+            )
+            await new Promise((r) => setTimeout(r, 300))
+          }
+          cross.push({
+            undici: median(runs.undici),
+            http: median(runs.http),
+            autocannon: median(cannon),
+          })
+        }
     }
     await stopSwarmgate(swarmgate)
 
@@ -783,7 +795,7 @@ interface Results {
   readonly load_average: { readonly before: ReadonlyArray<number>; readonly after: ReadonlyArray<number> }
   readonly duration_s: number
   readonly main: ReadonlyArray<Row>
-  readonly crosscheck: ReadonlyArray<{ undici: Row; http: Row }>
+  readonly crosscheck: ReadonlyArray<CrossCheck>
   readonly ablation: ReadonlyArray<Row>
   readonly components: ReadonlyArray<ComponentCost>
   readonly streams: ReadonlyArray<Row>
@@ -842,7 +854,8 @@ const report = (r: Results): string => {
     )
   if (r.crosscheck.length > 0)
     parts.push(
-      "### Generator cross-check (JSON; undici vs node:http client, median of 3 alternated runs each)\n",
+      "### Generator cross-check (JSON; our undici client vs our node:http client vs autocannon)\n",
+      "Each cell is the median of 3 alternated runs; (±%) = against the undici client, the one every other table uses. autocannon's req/s is its completed responses over its run, its p50 from its own per-request timer; its non-2xx must be 0, or its request differed from ours.\n",
       crossCheckTable(r.crosscheck),
     )
   if (r.streams.length > 0)
