@@ -12,7 +12,7 @@
  *
  * Every slot on a node is held in the caller's scope and released exactly once.
  */
-import { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
+import { CapacityExhausted, Tokens, UpstreamError } from "@swarmgate/protocol"
 import {
   Cause,
   Chunk,
@@ -32,16 +32,15 @@ import {
   Scope,
   Stream,
 } from "effect"
-import { countTokens as countWithSpecials } from "gpt-tokenizer"
 import * as Consensus from "./Consensus"
 import * as HttpTransport from "./HttpTransport"
 import { defaultHealthOptions, type HealthOptions, NodeHealth, percentile } from "./NodeHealth"
 import type { NodeSpec } from "./NodesFile"
-import { type NodeEvent, NodeFailure, type NodeRequest, type SwarmNode } from "./NodeTransport"
+import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest, type SwarmNode } from "./NodeTransport"
 import type { Preset } from "./Presets"
 
-/** Node text is untrusted: special-token text such as `<|endoftext|>` is plain text, not an error. */
-const countTokens = (text: string) => countWithSpecials(text, { disallowedSpecial: new Set() })
+/** Node text is untrusted: counted in linear time, special-token text as plain text. */
+const countTokens = (text: string) => Tokens.count(text)
 
 export interface DispatcherOptions {
   /** Nodes tried for one request when they fail before the first token (default 3). */
@@ -74,9 +73,31 @@ export interface DispatcherOptions {
 export interface NodeRun {
   /** The node answering; for consensus `consensus:<authors>`. */
   readonly nodeId: string
-  /** Starts with the first event already received: failures before it were retried. */
+  /**
+   * The answer's events, a chunk per pull; starts with the first event
+   * already received (failures before it were retried). Read either `pull`
+   * or `events`, not both: they are one sequence.
+   */
+  readonly pull: NodePull
+  /** `pull` as a stream. */
   readonly events: Stream.Stream<NodeEvent, NodeFailure>
 }
+
+const runOf = (nodeId: string, pull: NodePull): NodeRun => ({
+  nodeId,
+  pull,
+  events: Stream.repeatEffectChunkOption(pull),
+})
+
+const ended: NodePull = Effect.fail(Option.none())
+
+/** Pulls until a chunk holds an event: streams may emit empty chunks. */
+const firstNonEmpty = (pull: NodePull): NodePull =>
+  Effect.flatMap(pull, (chunk) => (Chunk.isNonEmpty(chunk) ? Effect.succeed(chunk) : firstNonEmpty(pull)))
+
+/** The node's answer as a pull held by the current scope. */
+const openOn = (node: SwarmNode, request: NodeRequest): Effect.Effect<NodePull, never, Scope.Scope> =>
+  node.open !== undefined ? node.open(request) : Stream.toPull(node.generate(request))
 
 export interface NodeStatus {
   readonly id: string
@@ -164,7 +185,7 @@ interface Slot {
   readonly trial: number | undefined
 }
 
-type FirstPull = Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>
+type FirstPull = NodePull
 
 interface Attempt {
   readonly slot: Slot
@@ -363,48 +384,68 @@ export const make = (
   const modelRequest = (entry: Entry, preset: Preset, request: Omit<NodeRequest, "model">): NodeRequest => ({
     ...request,
     model: entry.node.models.get(preset.id) ?? preset.id,
+    idleTimeoutMillis,
   })
 
   const timedOut = (entry: Entry, what: string, millis: number) =>
     new NodeFailure({ nodeId: entry.node.id, reason: `timeout: ${what} after ${millis} ms` })
 
-  const withIdleTimeout = (entry: Entry) => (stream: Stream.Stream<NodeEvent, NodeFailure>) =>
-    idleTimeoutMillis > 0
-      ? Stream.timeoutFail(
-          stream,
-          () => new NodeFailure({ nodeId: entry.node.id, reason: "stalled" }),
-          idleTimeoutMillis,
-        )
-      : stream
+  /** The idle limit for nodes that do not enforce it themselves: a timer per pull. */
+  const idleLimit = (entry: Entry) =>
+    within(entry.node.enforcesIdleTimeout === true ? 0 : idleTimeoutMillis, () =>
+      Option.some(new NodeFailure({ nodeId: entry.node.id, reason: "stalled" })),
+    )
 
   const recordFailure = (slot: Slot, failure: NodeFailure) =>
     Effect.map(Clock.currentTimeMillis, (now) => slot.entry.health.failure(now, failure.reason, slot.trial))
 
-  /** Times the rest of a winning stream: failures count against the node, completions give its speed. */
-  const instrument = (slot: Slot, firstAt: number, first: Chunk.Chunk<NodeEvent>, rest: FirstPull) => {
-    let text = ""
-    const see = (chunk: Chunk.Chunk<NodeEvent>) => {
-      for (const event of chunk) if (event._tag === "Delta") text += event.text
-      return chunk
-    }
-    return Stream.concat(Stream.fromChunk(first), Stream.repeatEffectChunkOption(rest)).pipe(
-      withIdleTimeout(slot.entry),
-      Stream.mapChunks(see),
-      Stream.ensuringWith((exit) =>
+  /**
+   * The winning stream: its first chunk, then the rest pulled as it comes.
+   * Failures count against the node; when the attempt's scope closes without
+   * one (the end, or the reader stopping early at the token cap) the speed
+   * seen so far is recorded. One pull per chunk, no stream stages per event.
+   */
+  const instrument = (attempt: Attempt, firstAt: number, first: Chunk.Chunk<NodeEvent>) =>
+    Effect.gen(function* () {
+      const { slot } = attempt
+      let text = ""
+      let failed = false
+      const see = (chunk: Chunk.Chunk<NodeEvent>) => {
+        for (const event of chunk) if (event._tag === "Delta") text += event.text
+      }
+      see(first)
+      yield* Scope.addFinalizer(
+        attempt.scope,
         Effect.flatMap(Clock.currentTimeMillis, (now) =>
           Effect.sync(() => {
-            if (Exit.isFailure(exit)) {
-              const failure = Cause.failureOption(exit.cause)
-              if (Option.isSome(failure)) slot.entry.health.failure(now, failure.value.reason, slot.trial)
-            } else {
-              // Also when the reader stopped early (the token cap): the speed seen so far is real.
-              slot.entry.health.succeeded(text.length > 0 ? countTokens(text) : 0, now - firstAt)
-            }
+            if (!failed) slot.entry.health.succeeded(text.length > 0 ? countTokens(text) : 0, now - firstAt)
           }),
         ),
-      ),
-    )
-  }
+      )
+      let pending: Chunk.Chunk<NodeEvent> | undefined = first
+      const pull: FirstPull = Effect.suspend(() => {
+        if (pending !== undefined) {
+          const chunk = pending
+          pending = undefined
+          return Effect.succeed(chunk)
+        }
+        return attempt.pull.pipe(
+          idleLimit(slot.entry),
+          Effect.tap(see),
+          Effect.tapError((error) =>
+            Option.isNone(error)
+              ? Effect.void
+              : Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                  Effect.sync(() => {
+                    failed = true
+                    slot.entry.health.failure(now, error.value.reason, slot.trial)
+                  }),
+                ),
+          ),
+        )
+      })
+      return pull
+    })
 
   // --- strategy single -----------------------------------------------------------------------
 
@@ -442,10 +483,11 @@ export const make = (
           }
           tried.add(slot.entry.node.id)
           const startedAt = yield* Clock.currentTimeMillis
-          const stream = slot.entry.node.generate(modelRequest(slot.entry, preset, request))
-          const pull = yield* Scope.extend(Stream.toPull(stream), child)
-          // Streams may emit empty chunks: wait for the first chunk that holds an event.
-          const firstPull = Effect.repeat(pull, { until: Chunk.isNonEmpty }).pipe(
+          const pull = yield* Scope.extend(
+            openOn(slot.entry.node, modelRequest(slot.entry, preset, request)),
+            child,
+          )
+          const firstPull = firstNonEmpty(pull).pipe(
             within(firstTokenTimeoutMillis, () =>
               Option.some(timedOut(slot.entry, "no first token", firstTokenTimeoutMillis)),
             ),
@@ -513,12 +555,9 @@ export const make = (
           if (outcome._tag === "Empty") {
             // The node ended its stream without any event: an empty answer.
             attempt.slot.entry.health.succeeded()
-            return { nodeId: attempt.slot.entry.node.id, events: Stream.empty }
+            return runOf(attempt.slot.entry.node.id, ended)
           }
-          return {
-            nodeId: attempt.slot.entry.node.id,
-            events: instrument(attempt.slot, at, outcome.chunk, attempt.pull),
-          }
+          return runOf(attempt.slot.entry.node.id, yield* instrument(attempt, at, outcome.chunk))
         }
 
         yield* recordFailure(attempt.slot, outcome.failure)
@@ -554,9 +593,9 @@ export const make = (
     const run = Effect.scoped(
       Effect.gen(function* () {
         startedAt = yield* Clock.currentTimeMillis
-        const pull = yield* Stream.toPull(entry.node.generate(request))
+        const pull = yield* openOn(entry.node, request)
         const events: Array<NodeEvent> = []
-        const first = yield* Effect.repeat(pull, { until: Chunk.isNonEmpty }).pipe(
+        const first = yield* firstNonEmpty(pull).pipe(
           within(firstTokenTimeoutMillis, () =>
             Option.some(timedOut(entry, "no first token", firstTokenTimeoutMillis)),
           ),
@@ -565,16 +604,24 @@ export const make = (
         if (Option.isNone(first)) return events
         firstAt = yield* Clock.currentTimeMillis
         entry.health.firstToken(firstAt - startedAt, slot.trial)
-        events.push(...first.value)
+        // Held whole until judged, so bounded: a node ignoring max_tokens is cut just past the cap.
+        let tokens = 0
+        const add = (chunk: Chunk.Chunk<NodeEvent>): boolean => {
+          for (const event of chunk) {
+            events.push(event)
+            if (event._tag !== "Delta") continue
+            tokens += Tokens.count(event.text, request.maxTokens - tokens + 1)
+            if (tokens > request.maxTokens) {
+              events.push({ _tag: "Finish", reason: "length" })
+              return false
+            }
+          }
+          return true
+        }
+        if (!add(first.value)) return events
         while (true) {
-          const next = yield* pull.pipe(
-            within(idleTimeoutMillis, () =>
-              Option.some(new NodeFailure({ nodeId: entry.node.id, reason: "stalled" })),
-            ),
-            endOfStream,
-          )
-          if (Option.isNone(next)) return events
-          events.push(...next.value)
+          const next = yield* pull.pipe(idleLimit(entry), endOfStream)
+          if (Option.isNone(next) || !add(next.value)) return events
         }
       }),
     )
@@ -668,10 +715,16 @@ export const make = (
       }
       const collected = [...answers]
       const authors = collected.map((a) => a.nodeId)
-      const ranked = Stream.unwrapScoped(
-        Effect.map(rank(preset, request, collected), (winner) => Stream.fromIterable(winner.events)),
-      )
-      return { nodeId: `consensus:${authors.join(",")}`, events: ranked }
+      // Ranked on the first pull, with the judges' slots held only while they judge.
+      let ranked = false
+      const pull: NodePull = Effect.suspend(() => {
+        if (ranked) return ended
+        ranked = true
+        return Effect.map(Effect.scoped(rank(preset, request, collected)), (winner) =>
+          Chunk.unsafeFromArray([...winner.events]),
+        )
+      })
+      return runOf(`consensus:${authors.join(",")}`, pull)
     })
 
   /** Judges compare the distinct answers pairwise; the Bradley–Terry winner is returned. */

@@ -3,18 +3,22 @@
  * server, vLLM, Ollama, SGLang, `apps/node-sim`). The gateway always asks for
  * a stream and counts tokens itself; the node's `usage` is ignored.
  *
- * Connections are pooled and kept alive by Node's fetch. A stream the consumer
+ * Connections are pooled and kept alive by undici (`request`, cheaper per
+ * request and per chunk than the global `fetch`). A stream the consumer
  * abandons (client gone, hedge lost, cap reached) aborts its HTTP request, so
  * the node stops generating; a stream read to its end leaves the connection
  * for the next request.
  */
+import type { Readable } from "node:stream"
 import { SseDecoder } from "@swarmgate/sse"
-import { Chunk, Duration, Effect, Either, Stream } from "effect"
+import { Chunk, Duration, Effect, Option, Scope, Stream } from "effect"
+import { type Dispatcher, request as httpRequest } from "undici"
 import type { NodeSpec } from "./NodesFile"
 import {
   type NodeEvent,
   NodeFailure,
   type NodeMessage,
+  type NodePull,
   type NodeRequest,
   type SwarmNode,
 } from "./NodeTransport"
@@ -79,15 +83,23 @@ export const requestBody = (request: NodeRequest): Record<string, unknown> => {
   return body
 }
 
-/** fetch wraps socket errors (`ECONNREFUSED`, `UND_ERR_SOCKET`, …) in a TypeError's cause. */
+/** Socket errors carry a `code` (`ECONNREFUSED`, `UND_ERR_SOCKET`, …), sometimes on their cause. */
 const describe = (error: unknown): string => {
-  const cause = (error as { cause?: { code?: string; message?: string } })?.cause
+  const own = error as { code?: string; cause?: { code?: string; message?: string } } | undefined
+  if (typeof own?.code === "string" && own.code !== "UND_ERR_ABORTED") return own.code
+  const cause = own?.cause
   if (cause?.code !== undefined) return cause.code
   if (cause?.message !== undefined) return cause.message
   return error instanceof Error ? error.message : String(error)
 }
 
 const MAX_ERROR_BODY = 2_000
+/** An SSE line or event longer than this ends the stream as `bad_event`: we never buffer an endless line. */
+export const MAX_EVENT_CHARS = 1024 * 1024
+/** A non-streamed answer larger than this is refused (`bad_body`). */
+const MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
+/** Bytes read but not yet pulled above which the socket is paused: a slow consumer slows the node. */
+const HIGH_WATER_BYTES = 64 * 1024
 
 interface ChoiceChunk {
   readonly choices?: ReadonlyArray<{
@@ -100,10 +112,187 @@ interface ChoiceChunk {
 
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
+/** A pull that returns `events` once, then ends. */
+const once = (events: Array<NodeEvent>): NodePull => {
+  let given = false
+  return Effect.suspend(() => {
+    if (given) return Effect.fail(Option.none())
+    given = true
+    return Effect.succeed(Chunk.unsafeFromArray(events))
+  })
+}
+
+/** Reads at most `limit` bytes of a body, then drops the rest (the connection is not reused). */
+const readPrefix = (
+  body: Readable,
+  limit: number,
+): Promise<{ readonly text: string; readonly whole: boolean }> =>
+  new Promise((resolve) => {
+    const parts: Array<Buffer> = []
+    let size = 0
+    let settled = false
+    const done = (whole: boolean) => {
+      if (settled) return
+      settled = true
+      body.off("data", onData)
+      if (!whole) body.destroy()
+      resolve({ text: Buffer.concat(parts).toString("utf8"), whole })
+    }
+    const onData = (part: Buffer) => {
+      parts.push(part)
+      size += part.length
+      if (size > limit) done(false)
+    }
+    body.on("data", onData)
+    body.once("end", () => done(true))
+    body.on("error", () => done(false))
+  })
+
+/**
+ * The events of one SSE body, pulled a socket read at a time: each pull
+ * returns every event the reads since the last pull completed, so the cost
+ * per pull does not grow with the number of events in it.
+ */
+class EventReader {
+  private readonly decoder = new SseDecoder.SseDecoder(MAX_EVENT_CHARS)
+  private pending: Array<NodeEvent> = []
+  /** Bytes read since the last pull took the pending events. */
+  private pendingBytes = 0
+  private failure: NodeFailure | undefined
+  /** [DONE] seen: what follows is read (to free the connection) and ignored. */
+  private done = false
+  private finish: "stop" | "length" | undefined
+  /** The body ended or failed: nothing more will arrive. */
+  private over = false
+  private paused = false
+  private wake: (() => void) | undefined
+
+  constructor(
+    private readonly body: Readable,
+    private readonly fail: (reason: string) => NodeFailure,
+    /** Silence while a pull waits that fails the stream as `stalled` (0: none). */
+    private readonly idleMillis: number,
+    /** Called once the body was read to its end: the connection may then be reused. */
+    onComplete: () => void,
+  ) {
+    body.on("data", (bytes: Buffer) => {
+      if (this.over || this.failure !== undefined) return
+      this.pendingBytes += bytes.length
+      for (const event of this.decoder.push(bytes)) this.event(event.data)
+      if (this.decoder.overflowed && this.failure === undefined)
+        this.failure = fail(`bad_event: an event longer than ${MAX_EVENT_CHARS} characters`)
+      // Only with events waiting for a pull: a long event still arriving must be read to its end.
+      if (this.pendingBytes > HIGH_WATER_BYTES && this.pending.length > 0 && !this.paused) {
+        this.paused = true
+        body.pause()
+      }
+      if (this.pending.length > 0 || this.failure !== undefined) this.notify()
+    })
+    body.once("end", () => {
+      onComplete()
+      if (this.failure === undefined) {
+        if (this.done || this.finish !== undefined)
+          this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+        else this.failure = fail("truncated: the stream ended without finish_reason or [DONE]")
+      }
+      this.over = true
+      this.notify()
+    })
+    body.on("error", (error) => {
+      if (this.over) return
+      this.over = true
+      if (this.failure === undefined) {
+        if (this.done) this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+        else this.failure = fail(`broken: ${describe(error)}`)
+      }
+      this.notify()
+    })
+  }
+
+  private event(data: string): void {
+    if (this.done || this.failure !== undefined) return
+    if (data === "[DONE]") {
+      this.done = true
+      return
+    }
+    let chunk: ChoiceChunk
+    try {
+      chunk = JSON.parse(data) as ChoiceChunk
+    } catch {
+      this.failure = this.fail(`bad_event: ${data.slice(0, 200)}`)
+      return
+    }
+    if (chunk.error !== undefined) {
+      const message = typeof chunk.error === "string" ? chunk.error : (chunk.error.message ?? "")
+      this.failure = this.fail(`node_error: ${message.slice(0, MAX_ERROR_BODY)}`)
+      return
+    }
+    const choice = chunk.choices?.[0]
+    const content = choice?.delta?.content
+    if (typeof content === "string" && content.length > 0) {
+      this.pending.push({ _tag: "Delta", text: content })
+    }
+    if (typeof choice?.finish_reason === "string") this.finish = finishOf(choice.finish_reason)
+  }
+
+  private notify(): void {
+    const wake = this.wake
+    this.wake = undefined
+    wake?.()
+  }
+
+  /** What is ready: events first (the deltas before a failure still count), then the failure, then the end. */
+  private ready(): Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined {
+    if (this.pending.length > 0) {
+      const events = this.pending
+      this.pending = []
+      this.pendingBytes = 0
+      if (this.paused) {
+        this.paused = false
+        this.body.resume()
+      }
+      return Effect.succeed(Chunk.unsafeFromArray(events))
+    }
+    if (this.failure !== undefined) return Effect.fail(Option.some(this.failure))
+    if (this.over) return Effect.fail(Option.none())
+    return undefined
+  }
+
+  readonly pull: Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> = Effect.suspend(
+    () =>
+      this.ready() ??
+      Effect.async<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>((resume) => {
+        // One timer per wait, only when nothing is ready: a busy stream costs no timers at all.
+        const timer =
+          this.idleMillis > 0
+            ? setTimeout(() => {
+                this.wake = undefined
+                this.failure ??= this.fail("stalled")
+                resume(Effect.fail(Option.some(this.failure)))
+              }, this.idleMillis)
+            : undefined
+        this.wake = () => {
+          const next = this.ready()
+          if (next === undefined) {
+            this.wake = wakeAgain
+            return
+          }
+          clearTimeout(timer)
+          resume(next)
+        }
+        const wakeAgain = this.wake
+        return Effect.sync(() => {
+          clearTimeout(timer)
+          this.wake = undefined
+        })
+      }),
+  )
+}
+
 export const make = (options: HttpNodeOptions): SwarmNode => {
   const { id } = options
   const endpoint = `${options.url.replace(/\/+$/, "")}/v1/chat/completions`
-  const connectTimeout = Duration.millis(options.connectTimeoutMillis ?? 10_000)
+  const connectTimeoutMillis = options.connectTimeoutMillis ?? 10_000
   const headers: Record<string, string> = {
     "content-type": "application/json",
     accept: "text/event-stream",
@@ -111,115 +300,101 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   if (options.apiKey !== undefined) headers.authorization = `Bearer ${options.apiKey}`
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
 
-  const generate = (request: NodeRequest): Stream.Stream<NodeEvent, NodeFailure> =>
-    Stream.unwrapScoped(
-      Effect.gen(function* () {
-        const controller = new AbortController()
-        // Set once the body was read to its end: only then may the connection be reused.
-        let complete = false
-        yield* Effect.addFinalizer(() =>
-          Effect.sync(() => {
-            if (!complete) controller.abort()
-          }),
-        )
-        const response = yield* Effect.tryPromise({
-          try: () =>
-            fetch(endpoint, {
-              method: "POST",
-              headers: { ...headers, "x-request-id": request.requestId },
-              body: JSON.stringify(requestBody(request)),
-              signal: controller.signal,
-            }),
-          catch: (error) => failure(`unreachable: ${describe(error)}`),
-        }).pipe(
-          Effect.timeoutFail({
-            duration: connectTimeout,
-            onTimeout: () => failure(`timeout: no response within ${Duration.toMillis(connectTimeout)} ms`),
-          }),
-        )
-        if (!response.ok) {
-          const text = yield* Effect.promise(() => response.text().catch(() => ""))
-          return Stream.fail(failure(`http_${response.status}: ${text.slice(0, MAX_ERROR_BODY)}`))
-        }
-        const type = response.headers.get("content-type") ?? ""
-        if (!type.includes("text/event-stream")) {
-          // A server that ignored `stream: true` and answered with one JSON body.
-          const body = yield* Effect.tryPromise({
-            try: () => response.json() as Promise<ChoiceChunk>,
-            catch: (error) => failure(`bad_body: ${describe(error)}`),
-          })
-          complete = true
-          const choice = body.choices?.[0]
-          const content = choice?.message?.content ?? ""
-          const finish: NodeEvent = { _tag: "Finish", reason: finishOf(choice?.finish_reason ?? "stop") }
-          return Stream.make<Array<NodeEvent>>(
-            ...(content.length > 0 ? [{ _tag: "Delta", text: content } as NodeEvent] : []),
-            finish,
+  /** Sends the request; the response head must come within the connect timeout. */
+  const send = (request: NodeRequest, controller: AbortController) =>
+    Effect.async<Dispatcher.ResponseData, NodeFailure>((resume) => {
+      let timedOut = false
+      const timer = setTimeout(() => {
+        timedOut = true
+        controller.abort()
+      }, connectTimeoutMillis)
+      httpRequest(endpoint, {
+        method: "POST",
+        headers: { ...headers, "x-request-id": request.requestId },
+        body: JSON.stringify(requestBody(request)),
+        signal: controller.signal,
+        // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
+        bodyTimeout: 0,
+        headersTimeout: 0,
+      }).then(
+        (response) => {
+          clearTimeout(timer)
+          resume(Effect.succeed(response))
+        },
+        (error: unknown) => {
+          clearTimeout(timer)
+          resume(
+            Effect.fail(
+              failure(
+                timedOut
+                  ? `timeout: no response within ${connectTimeoutMillis} ms`
+                  : `unreachable: ${describe(error)}`,
+              ),
+            ),
           )
-        }
-        const body = response.body
-        if (body === null) return Stream.fail(failure("bad_body: no body"))
+        },
+      )
+    })
 
-        let done = false
-        let failed = false
-        let finish: "stop" | "length" | undefined
-        // A failure ends the events at its place in the chunk: the deltas before it still count.
-        const decode = (
-          events: Chunk.Chunk<SseDecoder.SseEvent>,
-        ): Chunk.Chunk<Either.Either<NodeEvent, NodeFailure>> => {
-          const out: Array<Either.Either<NodeEvent, NodeFailure>> = []
-          for (const event of events) {
-            // Whatever follows [DONE] is read (to free the connection) and ignored.
-            if (done || failed) continue
-            if (event.data === "[DONE]") {
-              done = true
-              continue
-            }
-            let chunk: ChoiceChunk
-            try {
-              chunk = JSON.parse(event.data) as ChoiceChunk
-            } catch {
-              failed = true
-              out.push(Either.left(failure(`bad_event: ${event.data.slice(0, 200)}`)))
-              continue
-            }
-            if (chunk.error !== undefined) {
-              const message = typeof chunk.error === "string" ? chunk.error : (chunk.error.message ?? "")
-              failed = true
-              out.push(Either.left(failure(`node_error: ${message.slice(0, MAX_ERROR_BODY)}`)))
-              continue
-            }
-            const choice = chunk.choices?.[0]
-            const content = choice?.delta?.content
-            if (typeof content === "string" && content.length > 0)
-              out.push(Either.right({ _tag: "Delta", text: content }))
-            if (typeof choice?.finish_reason === "string") finish = finishOf(choice.finish_reason)
-          }
-          return Chunk.unsafeFromArray(out)
+  /** Sends the request and returns the pull of its events. */
+  const start = (request: NodeRequest): Effect.Effect<NodePull, NodeFailure, Scope.Scope> =>
+    Effect.gen(function* () {
+      const controller = new AbortController()
+      // Set once the body was read to its end: only then may the connection be reused.
+      let complete = false
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          if (!complete) controller.abort()
+        }),
+      )
+      const response = yield* send(request, controller)
+      const body = response.body as unknown as Readable
+      if (response.statusCode < 200 || response.statusCode > 299) {
+        const { text } = yield* Effect.promise(() => readPrefix(body, MAX_ERROR_BODY))
+        return yield* Effect.fail(failure(`http_${response.statusCode}: ${text.slice(0, MAX_ERROR_BODY)}`))
+      }
+      const type = String(response.headers["content-type"] ?? "")
+      if (!type.includes("text/event-stream")) {
+        // A server that ignored `stream: true` and answered with one JSON body.
+        const { text, whole } = yield* Effect.promise(() => readPrefix(body, MAX_JSON_BODY_BYTES))
+        if (!whole) return yield* Effect.fail(failure("bad_body: the answer is too large or broke off"))
+        complete = true
+        let parsed: ChoiceChunk
+        try {
+          parsed = JSON.parse(text) as ChoiceChunk
+        } catch (error) {
+          return yield* Effect.fail(failure(`bad_body: ${describe(error)}`))
         }
-        const bytes = Stream.fromReadableStream({
-          evaluate: () => body,
-          onError: (error) => failure(`broken: ${describe(error)}`),
-        })
-        const events: Stream.Stream<NodeEvent, NodeFailure> = SseDecoder.decodeSse(bytes).pipe(
-          Stream.mapChunks(decode),
-          Stream.takeUntil(Either.isLeft),
-          Stream.mapEffect((item) =>
-            Either.isRight(item) ? Effect.succeed(item.right) : Effect.fail(item.left),
-          ),
-        )
-        return events.pipe(
-          Stream.concat(
-            Stream.suspend((): Stream.Stream<NodeEvent, NodeFailure> => {
-              complete = true
-              if (done || finish !== undefined)
-                return Stream.succeed<NodeEvent>({ _tag: "Finish", reason: finish ?? "stop" })
-              return Stream.fail(failure("truncated: the stream ended without finish_reason or [DONE]"))
-            }),
-          ),
-        )
-      }),
-    )
+        const choice = parsed.choices?.[0]
+        const content = choice?.message?.content ?? ""
+        const finish: NodeEvent = { _tag: "Finish", reason: finishOf(choice?.finish_reason ?? "stop") }
+        return once(content.length > 0 ? [{ _tag: "Delta", text: content }, finish] : [finish])
+      }
+      const reader = new EventReader(body, failure, request.idleTimeoutMillis ?? 0, () => {
+        complete = true
+      })
+      return reader.pull
+    })
+
+  /** The first pull sends the request (so the dispatcher's first-token limit covers it). */
+  const open = (request: NodeRequest): Effect.Effect<NodePull, never, Scope.Scope> =>
+    Effect.map(Effect.scope, (scope) => {
+      let pull: NodePull | undefined
+      const first: NodePull = Effect.matchEffect(Scope.extend(start(request), scope), {
+        onFailure: (error) => {
+          pull = Effect.fail(Option.some(error))
+          return pull
+        },
+        onSuccess: (started) => {
+          pull = started
+          return started
+        },
+      })
+      return Effect.suspend(() => pull ?? first)
+    })
+
+  const generate = (request: NodeRequest): Stream.Stream<NodeEvent, NodeFailure> =>
+    Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption))
 
   const probeModel = options.models.values().next().value ?? "default"
   const probe = Stream.runDrain(
@@ -244,7 +419,9 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     capacity: options.capacity,
     models: options.models,
     vision: options.vision ?? false,
+    enforcesIdleTimeout: true,
     generate,
+    open,
     probe,
   }
 }

@@ -2,7 +2,7 @@
  * What the dispatcher needs from a node, whatever carries it: the embedded
  * simulator or an OpenAI-compatible HTTP server.
  */
-import { Data, type Effect, type Stream } from "effect"
+import { type Chunk, Data, type Effect, type Option, type Scope, type Stream } from "effect"
 
 export interface Sampling {
   readonly temperature?: number | undefined
@@ -35,11 +35,23 @@ export interface NodeRequest {
   readonly maxTokens: number
   readonly jsonMode: boolean
   readonly sampling: Sampling
+  /**
+   * A running stream silent this long fails as `stalled` (0 or absent: no
+   * limit). Honoured by nodes with `enforcesIdleTimeout`; the dispatcher
+   * times the others itself.
+   */
+  readonly idleTimeoutMillis?: number | undefined
 }
 
 export type NodeEvent =
   | { readonly _tag: "Delta"; readonly text: string }
   | { readonly _tag: "Finish"; readonly reason: "stop" | "length" }
+
+/**
+ * The next events of a running answer: a chunk (possibly empty), or fails
+ * with `None` at the end and `Some(failure)` when the node failed.
+ */
+export type NodePull = Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>
 
 export class NodeFailure extends Data.TaggedError("NodeFailure")<{
   readonly nodeId: string
@@ -55,6 +67,14 @@ export interface SwarmNode {
   readonly models: ReadonlyMap<string, string>
   readonly vision: boolean
   readonly generate: (request: NodeRequest) => Stream.Stream<NodeEvent, NodeFailure>
+  /**
+   * The same answer as a pull, held by the scope: nothing is sent until the
+   * first pull. Cheaper than running `generate` through a stream; when absent
+   * the dispatcher pulls `generate`.
+   */
+  readonly open?: ((request: NodeRequest) => Effect.Effect<NodePull, never, Scope.Scope>) | undefined
+  /** The node fails its own streams after `idleTimeoutMillis` of silence (cheaper than a timer per event). */
+  readonly enforcesIdleTimeout?: boolean | undefined
   /** A cheap request that succeeds when the node works; nodes without one are tried with real traffic. */
   readonly probe?: Effect.Effect<void, NodeFailure> | undefined
 }

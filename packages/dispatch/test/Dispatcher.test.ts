@@ -121,7 +121,7 @@ describe("lookups", () => {
       const a = fakeNode("a", { serves: [prime.id, swift.id] })
       const dispatcher = Dispatcher.make(presets, [a])
       yield* runToEnd(dispatcher, swift)
-      expect(a.calls).toEqual([{ ...request, model: "a-test-swift" }])
+      expect(a.calls).toEqual([{ ...request, model: "a-test-swift", idleTimeoutMillis: 30_000 }])
     }),
   )
 })
@@ -636,4 +636,37 @@ describe("SimTransport", () => {
       sims.map((s) => [s.profile.id, s.profile.capacity, s.profile.vision]),
     )
   })
+})
+
+describe("consensus holds bounded answers", () => {
+  const consensus = Presets.defaultPresets("test").map(
+    (preset): Presets.Preset => ({
+      ...preset,
+      strategy: "consensus",
+      consensus: { ...preset.consensus, k: 2, quorum: 2, judges: 0 },
+    }),
+  )[0]!
+
+  it.effect("an author that ignores max_tokens is read only just past the cap, then cut", () =>
+    Effect.gen(function* () {
+      let sent = 0
+      // Endless one-token deltas: without a bound the gateway would hold all of them.
+      const endless = () =>
+        Stream.repeatEffect(
+          Effect.sync(() => {
+            sent++
+            return delta(" the")
+          }),
+        )
+      const a = fakeNode("a", { events: endless })
+      const b = fakeNode("b", { events: endless })
+      const dispatcher = Dispatcher.make([consensus], [a, b])
+      const { events } = yield* runToEnd(dispatcher, consensus)
+      const deltas = events.filter((e) => e._tag === "Delta")
+      expect(deltas.length).toBe(request.maxTokens + 1)
+      expect(events.at(-1)).toEqual({ _tag: "Finish", reason: "length" })
+      expect(sent).toBeLessThan(4 * request.maxTokens)
+      expect(dispatcher.inFlight("a") + dispatcher.inFlight("b")).toBe(0)
+    }).pipe(seeded),
+  )
 })

@@ -333,6 +333,51 @@ describe("HttpTransport", () => {
   )
 
   it.live(
+    "a stream silent for idleTimeoutMillis fails as stalled and the request is aborted",
+    () =>
+      Effect.gen(function* () {
+        reset((_req, res) => {
+          sse(res)
+          res.write(chunk({ content: "Then" }))
+          // ...nothing more, and the connection stays open.
+        })
+        const started = Date.now()
+        const failure = yield* Effect.flip(collect(node().generate({ ...request, idleTimeoutMillis: 200 })))
+        expect(failure.reason).toBe("stalled")
+        expect(Date.now() - started).toBeLessThan(2_000)
+        yield* Effect.promise(() => new Promise((r) => setTimeout(r, 100)))
+        expect(state.aborted).toBe(1)
+      }),
+    live,
+  )
+
+  it.live(
+    "an endless SSE line fails as bad_event after a bounded read, not an unbounded buffer",
+    () =>
+      Effect.gen(function* () {
+        let sent = 0
+        reset((_req, res) => {
+          sse(res)
+          res.write("data: ")
+          const block = "x".repeat(64 * 1024)
+          const timer = setInterval(() => {
+            // Stops by itself at 64 MiB, far past the bound, if the client never gives up.
+            if (sent > 64 * 1024 * 1024) return clearInterval(timer)
+            sent += block.length
+            res.write(block)
+          }, 1)
+          res.on("close", () => clearInterval(timer))
+        })
+        const failure = yield* Effect.flip(collect(node().generate(request)))
+        expect(failure.reason).toMatch(/^bad_event: an event longer than/)
+        expect(sent).toBeLessThan(HttpTransport.MAX_EVENT_CHARS + 16 * 1024 * 1024)
+        yield* Effect.promise(() => new Promise((r) => setTimeout(r, 100)))
+        expect(state.aborted).toBe(1)
+      }),
+    live,
+  )
+
+  it.live(
     "cancelling the consumer aborts the HTTP request, so the server stops",
     () =>
       Effect.gen(function* () {

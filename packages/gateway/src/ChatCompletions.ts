@@ -5,20 +5,20 @@
  * started they become its last event (spec §6).
  */
 import type { ServerResponse } from "node:http"
-import { Dispatcher, type NodeEvent, type NodeFailure } from "@swarmgate/dispatch"
+import { Dispatcher, type NodeFailure, type NodePull } from "@swarmgate/dispatch"
 import {
   type CapacityExhausted,
   type FinishReason,
   REQUEST_ID_HEADER,
   streamErrorEvent,
+  Tokens,
   UpstreamError,
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder } from "@swarmgate/sse"
-import { Clock, Effect, Stream } from "effect"
+import { Clock, Effect, Either, Option } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
 import type { NormalizedRequest } from "./RequestPolicy"
-import * as Tokens from "./Tokens"
 
 /** What ran, for usage records and billing: set as the request goes. */
 export interface Outcome {
@@ -66,6 +66,31 @@ class CappedText {
 
 type RunError = CapacityExhausted | UpstreamError | UpstreamTimeout
 
+/** What the server wires around one answer (limits, logs, the drain), as plain callbacks. */
+export interface RespondHooks {
+  /** The dispatcher handed over a run: the node produced its first event. */
+  readonly onRun?: ((run: Dispatcher.NodeRun) => Effect.Effect<void>) | undefined
+  /** Registers `halt` for the drain deadline; returns its removal. A halted answer fails as `upstream_error`. */
+  readonly onHalt?: ((halt: () => void) => () => void) | undefined
+}
+
+const halted = () =>
+  new UpstreamError({ message: "The server is shutting down; the answer was cut at the drain deadline." })
+
+/**
+ * Fails at the running-time deadline or when the drain halts the answer: one
+ * race for the whole answer, not a timer per chunk.
+ */
+const stopper = (millis: number, onHalt: RespondHooks["onHalt"]) =>
+  Effect.async<never, UpstreamError | UpstreamTimeout>((resume) => {
+    const timer = setTimeout(() => resume(Effect.fail(timedOut())), millis)
+    const off = onHalt?.(() => resume(Effect.fail(halted())))
+    return Effect.sync(() => {
+      clearTimeout(timer)
+      off?.()
+    })
+  })
+
 const broke = (failure: NodeFailure) =>
   new UpstreamError({ message: `The node stopped before the answer was complete (${failure.reason}).` })
 
@@ -76,25 +101,40 @@ const completionId = (requestId: string) => `chatcmpl-${requestId.replace(/^req_
 const finishOf = (text: CappedText, node: "stop" | "length" | undefined): FinishReason =>
   text.capped || node === "length" ? "length" : "stop"
 
+/**
+ * Reads the node's events a chunk at a time (one pull per socket read, not
+ * per event) until they end or the cap is reached; the text each chunk may
+ * still send goes to `onText` at once. The node is stopped when the
+ * request's scope closes.
+ */
 const runEvents = (
-  events: Stream.Stream<NodeEvent, NodeFailure>,
+  pull: NodePull,
   text: CappedText,
-  onDelta: (delta: string) => Effect.Effect<void>,
+  outcome: Outcome,
+  onText: (deltas: ReadonlyArray<string>) => Effect.Effect<void>,
 ) =>
   Effect.gen(function* () {
     let nodeFinish: "stop" | "length" | undefined
-    yield* events.pipe(
-      Stream.takeUntil(() => text.capped),
-      Stream.runForEach((event) => {
+    while (!text.capped) {
+      const next = yield* Effect.either(pull)
+      if (Either.isLeft(next)) {
+        if (Option.isNone(next.left)) break
+        return yield* Effect.fail(broke(next.left.value))
+      }
+      const deltas: Array<string> = []
+      for (const event of next.right) {
         if (event._tag === "Finish") {
           nodeFinish = event.reason
-          return Effect.void
+          continue
         }
         const allowed = text.add(event.text)
-        return allowed.length > 0 ? onDelta(allowed) : Effect.void
-      }),
-      Effect.mapError(broke),
-    )
+        if (allowed.length > 0) deltas.push(allowed)
+        if (text.capped) break
+      }
+      // Kept current as it goes: a disconnect settles what ran, whenever it cuts in.
+      outcome.completionTokens = text.tokens
+      if (deltas.length > 0) yield* onText(deltas)
+    }
     return finishOf(text, nodeFinish)
   })
 
@@ -128,6 +168,7 @@ export const respond = (
   requestId: string,
   request: NormalizedRequest,
   outcome: Outcome,
+  hooks: RespondHooks = {},
 ): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig> =>
   Effect.scoped(
     Effect.gen(function* () {
@@ -153,11 +194,11 @@ export const respond = (
       )
       outcome.started = true
       outcome.nodeId = run.nodeId
-      const track = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-        effect.pipe(Effect.ensuring(Effect.sync(() => (outcome.completionTokens = text.tokens))))
-
+      if (hooks.onRun !== undefined) yield* hooks.onRun(run)
+      const guarded = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+        Effect.flatMap(remaining, (millis) => Effect.raceFirst(effect, stopper(millis, hooks.onHalt)))
       if (!request.stream) {
-        const finish = yield* withDeadline(track(runEvents(run.events, text, () => Effect.void)))
+        const finish = yield* guarded(runEvents(run.pull, text, outcome, () => Effect.void))
         outcome.finishReason = finish
         const completionTokens = Tokens.count(text.text)
         outcome.completionTokens = completionTokens
@@ -197,9 +238,11 @@ export const respond = (
       yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
 
       yield* send(chunk('{"role":"assistant","content":""}', "null"))
-      const finished = yield* track(
-        runEvents(run.events, text, (delta) => send(chunk(`{"content":${JSON.stringify(delta)}}`, "null"))),
-      ).pipe(withDeadline, Effect.either)
+      const finished = yield* runEvents(run.pull, text, outcome, (deltas) => {
+        let data = ""
+        for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
+        return send(data)
+      }).pipe(guarded, Effect.either)
       if (finished._tag === "Left") {
         outcome.status = finished.left._tag === "UpstreamTimeout" ? "upstream_timeout" : "upstream_error"
         outcome.completionTokens = Tokens.count(text.text)

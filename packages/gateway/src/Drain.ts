@@ -17,10 +17,9 @@
  */
 import type { Server, ServerResponse } from "node:http"
 import { Server as NetServer } from "node:net"
-import { Dispatcher, NodeFailure } from "@swarmgate/dispatch"
 import { renderError, ServerDraining, streamErrorEvent } from "@swarmgate/protocol"
 import { SseEncoder } from "@swarmgate/sse"
-import { Deferred, Effect, Fiber, Stream } from "effect"
+import { Effect, Fiber } from "effect"
 
 /** After the deadline, how long failed streams get to write their last event and settle. */
 const HALT_GRACE_MILLIS = 1_000
@@ -59,7 +58,7 @@ export class Drainer {
   expired = false
   private readonly running = new Map<Fiber.RuntimeFiber<unknown, unknown>, Running>()
   private readonly idleWaiters = new Set<() => void>()
-  private readonly deadline = Effect.runSync(Deferred.make<void>())
+  private readonly halts = new Set<() => void>()
 
   get inFlight(): number {
     return this.running.size
@@ -96,30 +95,19 @@ export class Drainer {
   }
 
   /**
-   * Fails the node stream of a running request at the drain deadline, so the
-   * request ends through its ordinary failure path (final event, settlement).
+   * Registers `halt`, called at the drain deadline to fail a running answer
+   * through its ordinary failure path (final event, settlement). Returns its
+   * removal. Called at once if the deadline already passed.
    */
-  haltStreams<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Dispatcher.Dispatcher> {
-    const deadline = this.deadline
-    return Effect.flatMap(Dispatcher.Dispatcher, (dispatcher) =>
-      Effect.provideService(effect, Dispatcher.Dispatcher, {
-        ...dispatcher,
-        run: (preset, request) =>
-          Effect.map(dispatcher.run(preset, request), (run) => ({
-            ...run,
-            events: run.events.pipe(
-              Stream.interruptWhen(
-                Effect.zipRight(
-                  Deferred.await(deadline),
-                  Effect.fail(
-                    new NodeFailure({ nodeId: run.nodeId, reason: "the gateway is shutting down" }),
-                  ),
-                ),
-              ),
-            ),
-          })),
-      }),
-    )
+  onHalt(halt: () => void): () => void {
+    if (this.expired) {
+      halt()
+      return () => undefined
+    }
+    this.halts.add(halt)
+    return () => {
+      this.halts.delete(halt)
+    }
   }
 
   /** The sequence above, for `server`; completes when every connection is closed. */
@@ -143,7 +131,9 @@ export class Drainer {
       if (self.running.size > 0) {
         self.expired = true
         yield* Effect.logWarning(`draining: deadline reached, ending ${self.running.size} request(s)`)
-        yield* Deferred.succeed(self.deadline, undefined)
+        const halts = [...self.halts]
+        self.halts.clear()
+        for (const halt of halts) halt()
         yield* self.idle(HALT_GRACE_MILLIS)
       }
       if (self.running.size > 0) {

@@ -222,7 +222,14 @@ const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: st
         )
         // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
         yield* Billing.hold(principal, requestId, request, outcome)
-        yield* ChatCompletions.respond(res, requestId, request, outcome).pipe(Limits.commitOnStart(permit))
+        // The permit is committed the moment generation starts: failures before leave no count.
+        yield* ChatCompletions.respond(
+          res,
+          requestId,
+          request,
+          outcome,
+          Operations.respondHooks(res, () => permit.commit),
+        )
       }).pipe(Operations.instrument(res)),
     )
   })

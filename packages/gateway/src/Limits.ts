@@ -192,7 +192,7 @@ export const admit = (
     }
     setRateHeaders(res, admission.permit.rates)
     const { permit } = admission
-    // Runs before the release: whatever path started generation without `commitOnStart` still counts.
+    // Runs before the release: a request that started counts even if nothing committed it yet.
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
         if (outcome.started) yield* permit.commit
@@ -203,21 +203,6 @@ export const admit = (
     )
     return permit
   })
-
-/**
- * Commits the permit the moment dispatch hands over a run — the same moment
- * `ChatCompletions.Outcome.started` becomes true: the node produced its first
- * event. Failures before that (capacity, nodes failing first) leave it uncommitted.
- */
-export const commitOnStart =
-  (permit: Quota.Permit) =>
-  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Dispatcher.Dispatcher> =>
-    Effect.flatMap(Dispatcher.Dispatcher, (dispatcher) =>
-      Effect.provideService(effect, Dispatcher.Dispatcher, {
-        ...dispatcher,
-        run: (preset, request) => Effect.tap(dispatcher.run(preset, request), () => permit.commit),
-      }),
-    )
 
 // --- the admin view -----------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ import { timingSafeEqual } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Principal } from "@swarmgate/auth"
 import { Billing } from "@swarmgate/billing"
-import { Dispatcher } from "@swarmgate/dispatch"
 import { Effect, type Fiber, FiberRef, Option, Redacted, type Scope } from "effect"
+import type * as ChatCompletions from "./ChatCompletions"
 import { Drainer, refuse } from "./Drain"
 import { Health, type HealthShape } from "./Health"
 import { Metrics, type MetricsShape } from "./Metrics"
@@ -208,39 +208,44 @@ export const admission =
   }
 
 /**
- * Around the run: notes the node and the first token, lets the drain end the
- * stream at its deadline, and takes the settled cost from billing.
+ * The hooks of an answer: notes the node and the first token, and lets the
+ * drain end the answer at its deadline.
  */
+export const respondHooks = (
+  res: ServerResponse,
+  onRun: () => Effect.Effect<void>,
+): ChatCompletions.RespondHooks => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined) return { onRun }
+  const record = ctx.record
+  const drainer = ctx.ops.drainer
+  return {
+    onRun: (run) =>
+      Effect.suspend(() => {
+        record.firstTokenAt = Date.now()
+        record.nodeId = run.nodeId
+        return onRun()
+      }),
+    onHalt: (halt) => drainer.onHalt(halt),
+  }
+}
+
+/** Around the request: takes the settled cost from billing for the log. */
 export const instrument =
   (res: ServerResponse) =>
-  <A, E, R>(
-    effect: Effect.Effect<A, E, R>,
-  ): Effect.Effect<A, E, R | Dispatcher.Dispatcher | Billing.Billing> => {
+  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Billing.Billing> => {
     const ctx = contexts.get(res)
     if (ctx === undefined) return effect
     const record = ctx.record
-    const observed = Effect.flatMap(Dispatcher.Dispatcher, (dispatcher) =>
-      Effect.flatMap(Billing.Billing, (billing) =>
-        effect.pipe(
-          Effect.provideService(Dispatcher.Dispatcher, {
-            ...dispatcher,
-            run: (preset, request) =>
-              Effect.tap(dispatcher.run(preset, request), (run) => {
-                record.firstTokenAt = Date.now()
-                record.nodeId = run.nodeId
-              }),
+    return Effect.flatMap(Billing.Billing, (billing) =>
+      Effect.provideService(effect, Billing.Billing, {
+        ...billing,
+        settle: (requestId, settlement) =>
+          Effect.tap(billing.settle(requestId, settlement), (entry) => {
+            record.outcome = settlement.outcome
+            record.completionTokens = settlement.completionTokens
+            if (entry !== undefined) record.costMicros = entry.costMicros
           }),
-          Effect.provideService(Billing.Billing, {
-            ...billing,
-            settle: (requestId, settlement) =>
-              Effect.tap(billing.settle(requestId, settlement), (entry) => {
-                record.outcome = settlement.outcome
-                record.completionTokens = settlement.completionTokens
-                if (entry !== undefined) record.costMicros = entry.costMicros
-              }),
-          }),
-        ),
-      ),
+      }),
     )
-    return ctx.ops.drainer.haltStreams(observed)
   }

@@ -9,11 +9,11 @@ import {
   InvalidRequest,
   ModelNotFound,
   RequestTooLarge,
+  Tokens,
   UnsupportedContentPart,
   ZdrStorageNotSupported,
 } from "@swarmgate/protocol"
 import { Effect } from "effect"
-import * as Tokens from "./Tokens"
 
 export interface PresetView {
   readonly preset: Preset

@@ -1,10 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Presets } from "@swarmgate/dispatch"
-import { type ChatCompletionRequest, decodeChatCompletionRequest } from "@swarmgate/protocol"
+import { type ChatCompletionRequest, decodeChatCompletionRequest, Tokens } from "@swarmgate/protocol"
 import { Effect, Either } from "effect"
 import { countTokens } from "gpt-tokenizer"
 import { normalize, type PresetView } from "../src/RequestPolicy"
-import * as Tokens from "../src/Tokens"
 
 const [prime, swift] = Presets.defaultPresets()
 const views = new Map<string, PresetView>([

@@ -39,6 +39,14 @@ const BOM = 0xfeff
  * multi-byte character (the string would be placed before the pending bytes).
  */
 export class SseDecoder {
+  /**
+   * With `maxEventChars`, a line or an event's data longer than that stops
+   * the decoder: `overflowed` turns true and nothing more is decoded. An
+   * upstream that never ends its line cannot make us buffer without bound.
+   */
+  constructor(private readonly maxEventChars: number = Number.POSITIVE_INFINITY) {}
+  /** Set once a line or an event outgrew `maxEventChars`; the decoder ignores everything after. */
+  overflowed = false
   private readonly utf8 = new TextDecoder("utf-8", { ignoreBOM: true })
   /** Text after the last line terminator: the start of a line not yet complete. */
   private partial = ""
@@ -57,6 +65,7 @@ export class SseDecoder {
   }
 
   push(chunk: Uint8Array | string): Array<SseEvent> {
+    if (this.overflowed) return []
     const text = typeof chunk === "string" ? chunk : this.utf8.decode(chunk, { stream: true })
     const events: Array<SseEvent> = []
     this.feed(text, events)
@@ -95,7 +104,7 @@ export class SseDecoder {
       if (start < text.length && text.charCodeAt(start) === LF) start++
     }
     const length = text.length
-    for (let i = start; i < length; i++) {
+    for (let i = start; i < length && !this.overflowed; i++) {
       const c = text.charCodeAt(i)
       if (c !== LF && c !== CR) continue
       let line = text.slice(start, i)
@@ -113,9 +122,17 @@ export class SseDecoder {
       }
       start = i + 1
     }
-    if (start < length) {
+    if (start < length && !this.overflowed) {
       this.partial = this.partial.length > 0 ? this.partial + text.slice(start) : text.slice(start)
+      if (this.partial.length > this.maxEventChars) this.overflow()
     }
+  }
+
+  private overflow(): void {
+    this.overflowed = true
+    this.partial = ""
+    this.data = ""
+    this.hasData = false
   }
 
   private line(line: string, events: Array<SseEvent>): void {
@@ -138,6 +155,7 @@ export class SseDecoder {
       case "data":
         if (this.hasData) {
           this.data = `${this.data}\n${value}`
+          if (this.data.length > this.maxEventChars) this.overflow()
         } else {
           this.data = value
           this.hasData = true

@@ -208,3 +208,19 @@ describe("decodeSse", () => {
     }),
   )
 })
+
+describe("SseDecoder bounds", () => {
+  it("a line or an event's data longer than maxEventChars stops the decoder", () => {
+    const lines = new SseDecoder(100)
+    expect(lines.push("data: ok\n\n")).toEqual([event("ok")])
+    expect(lines.push(`data: ${"x".repeat(60)}`)).toEqual([])
+    expect(lines.overflowed).toBe(false)
+    expect(lines.push("y".repeat(60))).toEqual([])
+    expect(lines.overflowed).toBe(true)
+    expect(lines.push("\n\ndata: later\n\n")).toEqual([])
+    const data = new SseDecoder(100)
+    for (let i = 0; i < 3; i++) data.push(`data: ${"z".repeat(40)}\n`)
+    expect(data.overflowed).toBe(true)
+    expect(data.push("\n")).toEqual([])
+  })
+})
