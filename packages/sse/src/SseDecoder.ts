@@ -89,6 +89,7 @@ export class SseDecoder {
     this.eventType = ""
     this.lastEventId = ""
     this.reconnectionTime = undefined
+    this.overflowed = false
     return events
   }
 
@@ -111,6 +112,10 @@ export class SseDecoder {
       if (this.partial.length > 0) {
         line = this.partial + line
         this.partial = ""
+      }
+      if (line.length > this.maxEventChars) {
+        this.overflow()
+        return
       }
       this.line(line, events)
       if (c === CR) {

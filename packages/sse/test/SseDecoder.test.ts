@@ -222,5 +222,11 @@ describe("SseDecoder bounds", () => {
     for (let i = 0; i < 3; i++) data.push(`data: ${"z".repeat(40)}\n`)
     expect(data.overflowed).toBe(true)
     expect(data.push("\n")).toEqual([])
+    // A whole over-long line in one push, and reuse after end().
+    const whole = new SseDecoder(100)
+    expect(whole.push(`data: ${"w".repeat(200)}\n\n`)).toEqual([])
+    expect(whole.overflowed).toBe(true)
+    whole.end()
+    expect(whole.push("data: again\n\n")).toEqual([event("again")])
   })
 })
