@@ -2,42 +2,49 @@
  * The embedded swarm: simulated nodes behind the same `SwarmNode` interface as
  * real ones.
  */
-import { makeSwarm, type SimNode } from "@swarmgate/swarm-sim"
-import { Stream } from "effect"
-import { type NodeEvent, NodeFailure, type SwarmNode } from "./NodeTransport"
+import { makeSwarm, type SimEvent, type SimNode } from "@swarmgate/swarm-sim"
+import { Chunk, Effect, Option, Stream } from "effect"
+import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest, type SwarmNode } from "./NodeTransport"
 import type { Preset } from "./Presets"
+
+const toNodeEvent = (event: SimEvent): NodeEvent =>
+  event._tag === "Piece" ? { _tag: "Delta", text: event.text } : { _tag: "Finish", reason: event.reason }
 
 export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): SwarmNode => {
   const id = node.profile.id
+  const input = (request: NodeRequest) => {
+    const images = request.messages.flatMap((m) =>
+      m.images.map((i) => ({ mediaType: i.mediaType, bytes: i.bytes })),
+    )
+    return {
+      messages: request.messages.map((m) => ({ role: m.role, content: m.content })),
+      maxTokens: request.maxTokens,
+      jsonMode: request.jsonMode,
+      seed: request.sampling.seed,
+      temperature: request.sampling.temperature,
+      stop: request.sampling.stop,
+      images: images.length > 0 ? images : undefined,
+    }
+  }
+  const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
+  const open = (request: NodeRequest) =>
+    Effect.map(
+      node.open(input(request), { idleTimeoutMillis: request.idleTimeoutMillis }),
+      (pull): NodePull =>
+        Effect.mapBoth(pull, {
+          onFailure: Option.map((f) => failure(f.reason)),
+          onSuccess: Chunk.map(toNodeEvent),
+        }),
+    )
   return {
     id,
     capacity: node.profile.capacity,
     models: new Map(presets.map((p) => [p.id, `sim-${p.id}`])),
     vision: node.profile.vision,
-    generate: (request) => {
-      const images = request.messages.flatMap((m) =>
-        m.images.map((i) => ({ mediaType: i.mediaType, bytes: i.bytes })),
-      )
-      return node
-        .generate({
-          messages: request.messages.map((m) => ({ role: m.role, content: m.content })),
-          maxTokens: request.maxTokens,
-          jsonMode: request.jsonMode,
-          seed: request.sampling.seed,
-          temperature: request.sampling.temperature,
-          stop: request.sampling.stop,
-          images: images.length > 0 ? images : undefined,
-        })
-        .pipe(
-          Stream.map(
-            (event): NodeEvent =>
-              event._tag === "Piece"
-                ? { _tag: "Delta", text: event.text }
-                : { _tag: "Finish", reason: event.reason },
-          ),
-          Stream.mapError((failure) => new NodeFailure({ nodeId: id, reason: failure.reason })),
-        )
-    },
+    // The simulated node fails its own stalls as `stalled` after the request's idle limit.
+    enforcesIdleTimeout: true,
+    generate: (request) => Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption)),
+    open,
   }
 }
 

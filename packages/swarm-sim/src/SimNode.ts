@@ -2,7 +2,7 @@
  * A simulated model node: streams the pieces of a generated answer with realistic
  * timing and, per its profile, fails in the ways real nodes do.
  */
-import { Data, Duration, Effect, Stream } from "effect"
+import { Chunk, Clock, Data, Duration, Effect, Option, type Scope, Stream } from "effect"
 import { hashString, makePrng } from "./internal/Prng"
 import { parseJudgeRequest, verdict } from "./Judging"
 import { makeProfiles, type NodeProfile, type ProfileOptions } from "./Profiles"
@@ -26,6 +26,14 @@ export interface SimNodeStats {
   readonly piecesEmitted: number
 }
 
+/** The next events of a generation (a chunk), `None` at its end, `Some(failure)` when it failed. */
+export type SimPull = Effect.Effect<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>
+
+export interface SimOpenOptions {
+  /** A generation that stalls fails as `stalled` after this long (0 or absent: it hangs until interrupted). */
+  readonly idleTimeoutMillis?: number | undefined
+}
+
 export interface SimNode {
   readonly profile: NodeProfile
   /**
@@ -33,6 +41,16 @@ export interface SimNode {
    * random seed from the node, so retrying the same stream value re-rolls failures.
    */
   readonly generate: (input: GenerationInput) => Stream.Stream<SimEvent, SimNodeFailure>
+  /**
+   * The same generation as a pull, held by the scope. Each pull waits for the
+   * next piece's time, then returns every piece that is due by then: a reader
+   * that falls behind gets several at once, as from a socket, and a fast one
+   * costs one pull per piece. The timeline starts at the first pull.
+   */
+  readonly open: (
+    input: GenerationInput,
+    options?: SimOpenOptions,
+  ) => Effect.Effect<SimPull, never, Scope.Scope>
   readonly stats: Effect.Effect<SimNodeStats>
 }
 
@@ -56,7 +74,25 @@ export const makeSimNode = (
   }
   const fail = (reason: SimNodeFailure["reason"]) => new SimNodeFailure({ nodeId: profile.id, reason })
 
-  const run = (input: GenerationInput): Stream.Stream<SimEvent, SimNodeFailure> => {
+  /** What one generation will do, drawn from the node's seeded sequence. */
+  type Plan =
+    | { readonly _tag: "Fail"; readonly after: number; readonly reason: SimNodeFailure["reason"] }
+    | { readonly _tag: "Stall"; readonly pieces: ReadonlyArray<Timed> }
+    | {
+        readonly _tag: "Pieces"
+        readonly pieces: ReadonlyArray<Timed>
+        /** After the last piece: its Finish (`at` the end of the wait), or a break. */
+        readonly tail:
+          | { readonly _tag: "Finish"; readonly reason: "stop" | "length"; readonly wait: number }
+          | { readonly _tag: "Break"; readonly wait: number }
+      }
+  /** A piece and when it is due, in unscaled milliseconds from the start. */
+  interface Timed {
+    readonly text: string
+    readonly at: number
+  }
+
+  const plan = (input: GenerationInput): Plan => {
     const rng = makePrng(calls.nextUint32())
     const textSeed = rng.nextUint32()
     const { failure } = profile
@@ -72,11 +108,10 @@ export const makeSimNode = (
     const gap = () => (1000 / profile.tokensPerSecond) * (1 + PIECE_JITTER * (rng.next() * 2 - 1))
 
     if (refuse || (input.images !== undefined && input.images.length > 0 && !profile.vision)) {
-      return Stream.fail(fail("refused"))
+      return { _tag: "Fail", after: 0, reason: "refused" }
     }
-    if (failBefore)
-      return Stream.fromEffect(Effect.zipRight(sleep(ttft), Effect.fail(fail("failed_before_first_token"))))
-    if (stallFirst) return Stream.never
+    if (failBefore) return { _tag: "Fail", after: ttft, reason: "failed_before_first_token" }
+    if (stallFirst) return { _tag: "Stall", pieces: [] }
 
     const judging = parseJudgeRequest(input.messages)
     const generation =
@@ -87,52 +122,93 @@ export const makeSimNode = (
             finishReason: input.maxTokens >= 1 ? ("stop" as const) : ("length" as const),
           }
     const total = generation.pieces.length
-    let emit = total
-    let tail: Effect.Effect<SimEvent, SimNodeFailure>
-    if (breakMid) {
-      emit = Math.min(total, 1 + Math.floor(cutDraw * Math.max(1, total - 1)))
-      tail = Effect.zipRight(sleep(emit === 0 ? ttft : gap()), Effect.fail(fail("broke_mid_stream")))
-    } else if (stall) {
-      emit = Math.floor(cutDraw * total)
-      tail = Effect.never
-    } else {
-      const finish: SimEvent = { _tag: "Finish", reason: generation.finishReason }
-      tail = total === 0 ? Effect.as(sleep(ttft), finish) : Effect.succeed(finish)
+    const timed = (emit: number): Array<Timed> => {
+      const out: Array<Timed> = []
+      let at = 0
+      for (let i = 0; i < emit; i++) {
+        at += i === 0 ? ttft : gap()
+        out.push({ text: generation.pieces[i]!, at })
+      }
+      return out
     }
-    const timed = generation.pieces.slice(0, emit).map((text, i) => ({ text, delay: i === 0 ? ttft : gap() }))
-
-    return Stream.fromIterable(timed).pipe(
-      Stream.mapEffect(({ delay, text }) =>
-        Effect.as(
-          Effect.zipRight(
-            sleep(delay),
-            Effect.sync(() => {
-              piecesEmitted++
-            }),
-          ),
-          { _tag: "Piece", text } satisfies SimEvent as SimEvent,
-        ),
-      ),
-      Stream.concat(Stream.fromEffect(tail)),
-    )
+    if (breakMid) {
+      const emit = Math.min(total, 1 + Math.floor(cutDraw * Math.max(1, total - 1)))
+      const pieces = timed(emit)
+      return { _tag: "Pieces", pieces, tail: { _tag: "Break", wait: emit === 0 ? ttft : gap() } }
+    }
+    if (stall) return { _tag: "Stall", pieces: timed(Math.floor(cutDraw * total)) }
+    return {
+      _tag: "Pieces",
+      pieces: timed(total),
+      tail: { _tag: "Finish", reason: generation.finishReason, wait: total === 0 ? ttft : 0 },
+    }
   }
+
+  const ended: SimPull = Effect.fail(Option.none())
+
+  const pullOf = (planned: Plan, idleTimeoutMillis: number): SimPull => {
+    if (planned._tag === "Fail") {
+      const failed = Effect.fail(Option.some(fail(planned.reason)))
+      return Effect.zipRight(sleep(planned.after), failed)
+    }
+    const { pieces } = planned
+    let start: number | undefined
+    let next = 0
+    let done = false
+    const tail: SimPull = Effect.suspend(() => {
+      done = true
+      if (planned._tag === "Stall") {
+        return idleTimeoutMillis > 0
+          ? Effect.zipRight(
+              Effect.sleep(Duration.millis(idleTimeoutMillis)),
+              Effect.fail(Option.some(fail("stalled"))),
+            )
+          : Effect.never
+      }
+      const end = planned.tail
+      return end._tag === "Finish"
+        ? Effect.as(sleep(end.wait), Chunk.of<SimEvent>({ _tag: "Finish", reason: end.reason }))
+        : Effect.zipRight(sleep(end.wait), Effect.fail(Option.some(fail("broke_mid_stream"))))
+    })
+    /** Every piece due by `now` (at least the next one), in one chunk. */
+    const take = (now: number): Chunk.Chunk<SimEvent> => {
+      const out: Array<SimEvent> = []
+      do {
+        out.push({ _tag: "Piece", text: pieces[next]!.text })
+        next++
+      } while (next < pieces.length && (start ?? 0) + pieces[next]!.at / speed <= now)
+      piecesEmitted += out.length
+      return Chunk.unsafeFromArray(out)
+    }
+    return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      if (done) return ended
+      start ??= now
+      if (next >= pieces.length) return tail
+      const wait = start + pieces[next]!.at / speed - now
+      if (!(wait > 0) || !Number.isFinite(wait)) return Effect.succeed(take(now))
+      return Effect.zipRight(Effect.sleep(Duration.millis(wait)), Effect.map(Clock.currentTimeMillis, take))
+    })
+  }
+
+  const open = (input: GenerationInput, options: SimOpenOptions = {}) =>
+    Effect.map(
+      Effect.acquireRelease(
+        Effect.sync(() => {
+          started++
+          active++
+        }),
+        () =>
+          Effect.sync(() => {
+            active--
+          }),
+      ),
+      () => pullOf(plan(input), options.idleTimeoutMillis ?? 0),
+    )
 
   return {
     profile,
-    generate: (input) =>
-      Stream.unwrapScoped(
-        Effect.acquireRelease(
-          Effect.sync(() => {
-            started++
-            active++
-            return run(input)
-          }),
-          () =>
-            Effect.sync(() => {
-              active--
-            }),
-        ),
-      ),
+    generate: (input) => Stream.unwrapScoped(Effect.map(open(input), Stream.repeatEffectChunkOption)),
+    open,
     stats: Effect.sync(() => ({ started, active, piecesEmitted })),
   }
 }
