@@ -163,7 +163,6 @@ export const ablationTable = (rows: ReadonlyArray<Row>, base: (mode: string) => 
 
 export interface CrossCheck {
   readonly undici: Row
-  readonly http: Row
   readonly autocannon: AutocannonMeasured
 }
 
@@ -182,29 +181,25 @@ export const crossCheckTable = (checks: ReadonlyArray<CrossCheck>) =>
     [
       "target",
       "connections",
-      "undici req/s",
-      "node:http req/s",
+      "our generator req/s",
       "autocannon req/s",
-      "undici E2E p50 µs",
-      "node:http E2E p50 µs",
+      "our E2E p50 µs",
       "autocannon p50 µs",
-      "generator CPU % (undici / http / autocannon)",
+      "target CPU µs/req (ours / autocannon)",
+      "generator CPU % (ours / autocannon)",
       "autocannon non-2xx",
     ],
-    checks.map(({ undici, http, autocannon }) => {
-      const worst = Math.max(undici.foreignPercent, http.foreignPercent, autocannon.foreignPercent)
+    checks.map(({ undici, autocannon }) => {
+      const worst = Math.max(undici.foreignPercent, autocannon.foreignPercent)
       return [
         `${undici.target}${worst > 20 ? " ⚠" : ""}`,
         String(undici.concurrency),
         fmt(undici.rps),
-        against(http.rps, undici.rps),
         against(autocannon.rps, undici.rps),
         fmt(undici.e2eP50),
-        against(http.e2eP50, undici.e2eP50),
         against(autocannon.e2eP50, undici.e2eP50),
-        [undici.generatorCpuPercent, http.generatorCpuPercent, autocannon.generatorCpuPercent]
-          .map((c) => fmt(c))
-          .join(" / "),
+        `${fmt(undici.cpuMicrosPerRequest)} / ${fmt(autocannon.cpuMicrosPerRequest)}`,
+        `${fmt(undici.generatorCpuPercent)} / ${fmt(autocannon.generatorCpuPercent)}`,
         autocannonFailures(autocannon),
       ]
     }),
