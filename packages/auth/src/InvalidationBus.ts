@@ -9,8 +9,10 @@
  * dropping the whole cache when the subscription comes back, and in any case
  * by the cache's own TTL (1 s), which stays the bound when Redis is away.
  */
+
+import { Redis as SharedRedis } from "@swarmgate/store"
 import { Effect, Layer, Redacted, Runtime, type Scope } from "effect"
-import { Redis } from "ioredis"
+import type { Redis } from "ioredis"
 import { ApiKeys, type ApiKeysShape } from "./ApiKeys"
 
 export interface InvalidationBusOptions {
@@ -22,31 +24,13 @@ export interface InvalidationBusOptions {
 export const channelOf = (prefix: string) => `${prefix}auth:invalidate`
 
 const connection = (url: string, subscriber: boolean): Effect.Effect<Redis, never, Scope.Scope> =>
-  Effect.acquireRelease(
-    Effect.sync(
-      () =>
-        new Redis(
-          url,
-          // The subscriber keeps its commands for the reconnect (and resubscribes); the publisher fails fast.
-          subscriber
-            ? { maxRetriesPerRequest: null, connectTimeout: 2_000 }
-            : {
-                enableOfflineQueue: false,
-                maxRetriesPerRequest: 1,
-                commandTimeout: 1_000,
-                connectTimeout: 2_000,
-              },
-        ),
-    ),
-    (client) =>
-      // Releases run uninterruptibly: the timeout can only cut an interruptible quit (one queued behind a reconnect).
-      Effect.promise(() => client.quit().catch(() => undefined)).pipe(
-        Effect.interruptible,
-        Effect.timeout(1_000),
-        Effect.ignore,
-        Effect.ensuring(Effect.sync(() => client.disconnect())),
-      ),
-  ).pipe(Effect.tap((client) => Effect.sync(() => client.on("error", () => undefined))))
+  SharedRedis.scopedClient(
+    url,
+    // The subscriber keeps its commands for the reconnect (and resubscribes); the publisher fails fast.
+    subscriber
+      ? { maxRetriesPerRequest: null, connectTimeout: 2_000 }
+      : { enableOfflineQueue: false, maxRetriesPerRequest: 1, commandTimeout: 1_000, connectTimeout: 2_000 },
+  )
 
 const waitReady = (client: Redis, millis: number) =>
   Effect.async<void>((resume) => {

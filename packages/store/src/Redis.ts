@@ -6,7 +6,7 @@
  * a fallback to EVAL after a Redis restart.
  */
 import { Data, Effect, Redacted, type Scope } from "effect"
-import { Redis } from "ioredis"
+import { Redis, type RedisOptions } from "ioredis"
 
 export class RedisFailure extends Data.TaggedError("RedisFailure")<{
   readonly reason: string
@@ -20,6 +20,28 @@ export interface Script {
 }
 
 /**
+ * An ioredis client with these options for the scope, closed with it: `quit`,
+ * cut after 1 s, then `disconnect`. Connection errors are not thrown at the
+ * client's events: they surface on the commands that meet them.
+ */
+export const scopedClient = (url: string, options: RedisOptions): Effect.Effect<Redis, never, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const client = new Redis(url, options)
+      client.on("error", () => undefined)
+      return client
+    }),
+    (client) =>
+      // Releases run uninterruptibly: the timeout can only cut an interruptible quit (one queued behind a reconnect).
+      Effect.promise(() => client.quit().catch(() => undefined)).pipe(
+        Effect.interruptible,
+        Effect.timeout(1_000),
+        Effect.ignore,
+        Effect.ensuring(Effect.sync(() => client.disconnect())),
+      ),
+  )
+
+/**
  * A connection for the scope; a command that takes longer than `commandTimeoutMillis`
  * fails. Starts either way, after at most 2 s: while Redis is away its commands
  * fail with `RedisFailure`, and ioredis keeps reconnecting.
@@ -29,28 +51,12 @@ export const connect = (
   commandTimeoutMillis: number,
 ): Effect.Effect<Redis, never, Scope.Scope> =>
   Effect.gen(function* () {
-    const plain = Redacted.isRedacted(url) ? Redacted.value(url) : url
-    const redis = yield* Effect.acquireRelease(
-      Effect.sync(
-        () =>
-          new Redis(plain, {
-            enableOfflineQueue: false,
-            maxRetriesPerRequest: 1,
-            commandTimeout: commandTimeoutMillis,
-            connectTimeout: 2_000,
-          }),
-      ),
-      (client) =>
-        // Releases run uninterruptibly: the timeout can only cut an interruptible quit (one queued behind a reconnect).
-        Effect.promise(() => client.quit().catch(() => undefined)).pipe(
-          Effect.interruptible,
-          Effect.timeout(1_000),
-          Effect.ignore,
-          Effect.ensuring(Effect.sync(() => client.disconnect())),
-        ),
-    )
-    // Failures surface on the commands that meet them; the event alone is noise.
-    redis.on("error", () => undefined)
+    const redis = yield* scopedClient(Redacted.isRedacted(url) ? Redacted.value(url) : url, {
+      enableOfflineQueue: false,
+      maxRetriesPerRequest: 1,
+      commandTimeout: commandTimeoutMillis,
+      connectTimeout: 2_000,
+    })
     yield* Effect.async<void>((resume) => {
       if (redis.status === "ready") return resume(Effect.void)
       const done = () => {
