@@ -9,7 +9,7 @@
 import { randomUUID } from "node:crypto"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
-import { SseEncoder } from "@swarmgate/sse"
+import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import {
   type GenerationInput,
   makeSimNode,
@@ -147,24 +147,6 @@ export const toInput = (body: unknown): GenerationInput | string => {
   }
 }
 
-/** Waits for `drain` when the socket buffer is full, so a slow reader slows the node. */
-const write = (res: ServerResponse, data: string): Effect.Effect<void> =>
-  res.write(data)
-    ? Effect.void
-    : Effect.async<void>((resume) => {
-        const done = () => {
-          res.off("drain", done)
-          res.off("close", done)
-          resume(Effect.void)
-        }
-        res.on("drain", done)
-        res.on("close", done)
-        return Effect.sync(() => {
-          res.off("drain", done)
-          res.off("close", done)
-        })
-      })
-
 const generation = (
   served: Served,
   res: ServerResponse,
@@ -249,7 +231,7 @@ const generation = (
       res.end(out + SseEncoder.DONE)
       return Effect.void
     }
-    return write(res, out)
+    return SseWriter.write(res, out)
   }
   return Effect.catchAll(Stream.runForEach(served.node.generate(input), onEvent), nodeFailed)
 }

@@ -34,13 +34,16 @@ import {
 } from "effect"
 import * as Consensus from "./Consensus"
 import * as HttpTransport from "./HttpTransport"
-import { defaultHealthOptions, type HealthOptions, NodeHealth, percentile } from "./NodeHealth"
+import {
+  defaultHealthOptions,
+  type HealthOptions,
+  type HealthSnapshot,
+  NodeHealth,
+  percentile,
+} from "./NodeHealth"
 import type { NodeSpec } from "./NodesFile"
 import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest, type SwarmNode } from "./NodeTransport"
 import type { Preset } from "./Presets"
-
-/** Node text is untrusted: counted in linear time, special-token text as plain text. */
-const countTokens = (text: string) => Tokens.count(text)
 
 export interface DispatcherOptions {
   /** Nodes tried for one request when they fail before the first token (default 3). */
@@ -99,25 +102,19 @@ const firstNonEmpty = (pull: NodePull): NodePull =>
 const openOn = (node: SwarmNode, request: NodeRequest): Effect.Effect<NodePull, never, Scope.Scope> =>
   node.open !== undefined ? node.open(request) : Stream.toPull(node.generate(request))
 
-export interface NodeStatus {
+/** A node as the admin API shows it: its membership, load and health. */
+export interface NodeStatus extends HealthSnapshot {
   readonly id: string
   readonly url: string | undefined
   readonly source: "static" | "registered"
   readonly state: "active" | "draining"
+  // Restated so that views built on it need not name NodeHealth's type.
   readonly circuit: "closed" | "open" | "half_open"
   readonly models: Readonly<Record<string, string>>
   readonly capacity: number
   readonly inFlight: number
   readonly vision: boolean
-  readonly requests: number
-  readonly failures: number
-  readonly errorRate: number
-  readonly ttftMillis: number | undefined
-  readonly ttftP95Millis: number | undefined
-  readonly tokensPerSecond: number | undefined
-  readonly reputation: number
   readonly hedges: number
-  readonly lastFailure: string | undefined
   readonly expiresAt: number | undefined
 }
 
@@ -185,12 +182,10 @@ interface Slot {
   readonly trial: number | undefined
 }
 
-type FirstPull = NodePull
-
 interface Attempt {
   readonly slot: Slot
   readonly scope: Scope.CloseableScope
-  readonly pull: FirstPull
+  readonly pull: NodePull
   readonly startedAt: number
 }
 
@@ -418,12 +413,12 @@ export const make = (
         attempt.scope,
         Effect.flatMap(Clock.currentTimeMillis, (now) =>
           Effect.sync(() => {
-            if (!failed) slot.entry.health.succeeded(text.length > 0 ? countTokens(text) : 0, now - firstAt)
+            if (!failed) slot.entry.health.succeeded(text.length > 0 ? Tokens.count(text) : 0, now - firstAt)
           }),
         ),
       )
       let pending: Chunk.Chunk<NodeEvent> | undefined = first
-      const pull: FirstPull = Effect.suspend(() => {
+      const pull: NodePull = Effect.suspend(() => {
         if (pending !== undefined) {
           const chunk = pending
           pending = undefined
@@ -636,7 +631,7 @@ export const make = (
       }
       if (firstAt === undefined) entry.health.firstToken(now - startedAt, slot.trial)
       const text = textOf(result.right)
-      entry.health.succeeded(countTokens(text), now - (firstAt ?? startedAt))
+      entry.health.succeeded(Tokens.count(text), now - (firstAt ?? startedAt))
       return { nodeId: entry.node.id, events: result.right, text }
     })
   }
@@ -829,30 +824,19 @@ export const make = (
 
   // --- membership operations and maintenance -----------------------------------------------
 
-  const statusOf = (entry: Entry, now: number): NodeStatus => {
-    const health = entry.health.snapshot(now)
-    return {
-      id: entry.node.id,
-      url: entry.node.url,
-      source: entry.source,
-      state: entry.state,
-      circuit: health.circuit,
-      models: Object.fromEntries(entry.node.models),
-      capacity: entry.node.capacity,
-      inFlight: entry.inFlight,
-      vision: entry.node.vision,
-      requests: health.requests,
-      failures: health.failures,
-      errorRate: health.errorRate,
-      ttftMillis: health.ttftMillis,
-      ttftP95Millis: health.ttftP95Millis,
-      tokensPerSecond: health.tokensPerSecond,
-      reputation: health.reputation,
-      hedges: entry.hedges,
-      lastFailure: health.lastFailure,
-      expiresAt: entry.expiresAt,
-    }
-  }
+  const statusOf = (entry: Entry, now: number): NodeStatus => ({
+    ...entry.health.snapshot(now),
+    id: entry.node.id,
+    url: entry.node.url,
+    source: entry.source,
+    state: entry.state,
+    models: Object.fromEntries(entry.node.models),
+    capacity: entry.node.capacity,
+    inFlight: entry.inFlight,
+    vision: entry.node.vision,
+    hedges: entry.hedges,
+    expiresAt: entry.expiresAt,
+  })
 
   const sameSpec = (a: NodeSpec | undefined, b: NodeSpec) =>
     a !== undefined && JSON.stringify(a) === JSON.stringify(b)

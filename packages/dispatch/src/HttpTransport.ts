@@ -15,6 +15,7 @@ import { Chunk, Duration, Effect, Option, Scope, Stream } from "effect"
 import { type Dispatcher, request as httpRequest } from "undici"
 import type { NodeSpec } from "./NodesFile"
 import {
+  generateFromOpen,
   type NodeEvent,
   NodeFailure,
   type NodeMessage,
@@ -393,8 +394,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
       return Effect.suspend(() => pull ?? first)
     })
 
-  const generate = (request: NodeRequest): Stream.Stream<NodeEvent, NodeFailure> =>
-    Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption))
+  const generate = generateFromOpen(open)
 
   const probeModel = options.models.values().next().value ?? "default"
   const probe = Stream.runDrain(

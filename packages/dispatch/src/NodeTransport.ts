@@ -2,7 +2,7 @@
  * What the dispatcher needs from a node, whatever carries it: the embedded
  * simulator or an OpenAI-compatible HTTP server.
  */
-import { type Chunk, Data, type Effect, type Option, type Scope, type Stream } from "effect"
+import { type Chunk, Data, Effect, type Option, type Scope, Stream } from "effect"
 
 export interface Sampling {
   readonly temperature?: number | undefined
@@ -78,3 +78,9 @@ export interface SwarmNode {
   /** A cheap request that succeeds when the node works; nodes without one are tried with real traffic. */
   readonly probe?: Effect.Effect<void, NodeFailure> | undefined
 }
+
+/** `generate` for a node that implements `open`: the same answer, pulled as a stream. */
+export const generateFromOpen =
+  (open: (request: NodeRequest) => Effect.Effect<NodePull, never, Scope.Scope>) =>
+  (request: NodeRequest): Stream.Stream<NodeEvent, NodeFailure> =>
+    Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption))

@@ -3,8 +3,15 @@
  * real ones.
  */
 import { makeSwarm, type SimEvent, type SimNode } from "@swarmgate/swarm-sim"
-import { Chunk, Effect, Option, Stream } from "effect"
-import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest, type SwarmNode } from "./NodeTransport"
+import { Chunk, Effect, Option } from "effect"
+import {
+  generateFromOpen,
+  type NodeEvent,
+  NodeFailure,
+  type NodePull,
+  type NodeRequest,
+  type SwarmNode,
+} from "./NodeTransport"
 import type { Preset } from "./Presets"
 
 const toNodeEvent = (event: SimEvent): NodeEvent =>
@@ -43,7 +50,7 @@ export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): Swar
     vision: node.profile.vision,
     // The simulated node fails its own stalls as `stalled` after the request's idle limit.
     enforcesIdleTimeout: true,
-    generate: (request) => Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption)),
+    generate: generateFromOpen(open),
     open,
   }
 }

@@ -15,7 +15,7 @@ import {
   UpstreamError,
   UpstreamTimeout,
 } from "@swarmgate/protocol"
-import { SseEncoder } from "@swarmgate/sse"
+import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import { Clock, Effect, Either, Option } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
 import type { NormalizedRequest } from "./RequestPolicy"
@@ -138,24 +138,6 @@ const runEvents = (
     return finishOf(text, nodeFinish)
   })
 
-/** Waits for `drain` when the socket buffer is full, so a slow reader slows the node, not our memory. */
-const write = (res: ServerResponse, data: string): Effect.Effect<void> =>
-  res.write(data)
-    ? Effect.void
-    : Effect.async<void>((resume) => {
-        const done = () => {
-          res.off("drain", done)
-          res.off("close", done)
-          resume(Effect.void)
-        }
-        res.on("drain", done)
-        res.on("close", done)
-        return Effect.sync(() => {
-          res.off("drain", done)
-          res.off("close", done)
-        })
-      })
-
 const usageJson = (prompt: number, completion: number) =>
   `{"prompt_tokens":${prompt},"completion_tokens":${completion},"total_tokens":${prompt + completion}}`
 
@@ -224,7 +206,7 @@ export const respond = (
       let lastWrite = Date.now()
       const send = (data: string) => {
         lastWrite = Date.now()
-        return write(res, data)
+        return SseWriter.write(res, data)
       }
       const timer = setInterval(
         () => {
