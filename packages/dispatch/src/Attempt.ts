@@ -1,0 +1,330 @@
+/**
+ * One attempt of a request on one node: open the node's answer, wait for its
+ * first event, then hand its events over one pull per chunk, feeding the
+ * node's health on the way. Also the alarm the strategies time attempts
+ * with: a plain `setTimeout` on the real clock, a sleeping fiber under a
+ * test clock (so `TestClock` drives hedges and first-token limits).
+ */
+import { Tokens } from "@swarmgate/protocol"
+import {
+  Cause,
+  Chunk,
+  Clock,
+  Effect,
+  Either,
+  ExecutionStrategy,
+  Exit,
+  FiberId,
+  Option,
+  Runtime,
+  Scope,
+} from "effect"
+import { type Entry, type NodePool, openOn, type Slot } from "./NodePool"
+import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest } from "./NodeTransport"
+import type { Preset } from "./Presets"
+
+export interface AttemptOptions {
+  /** A node that has not produced a first token by then has failed. */
+  readonly firstTokenTimeoutMillis: number
+  /** A running stream silent this long has failed: `stalled`. */
+  readonly idleTimeoutMillis: number
+}
+
+/** The request as one node gets it: its own model name and the idle limit. */
+export const modelRequest = (
+  entry: Entry,
+  preset: Preset,
+  request: Omit<NodeRequest, "model">,
+  idleTimeoutMillis: number,
+): NodeRequest => ({
+  ...request,
+  model: entry.node.models.get(preset.id) ?? preset.id,
+  idleTimeoutMillis,
+})
+
+export const ended: NodePull = Effect.fail(Option.none())
+
+/** Pulls until a chunk holds an event: streams may emit empty chunks. */
+export const firstNonEmpty = (pull: NodePull): NodePull =>
+  Effect.flatMap(pull, (chunk) => (Chunk.isNonEmpty(chunk) ? Effect.succeed(chunk) : firstNonEmpty(pull)))
+
+export const timedOut = (entry: Entry, what: string, millis: number) =>
+  new NodeFailure({ nodeId: entry.node.id, reason: `timeout: ${what} after ${millis} ms` })
+
+/** Runs `effect` with a time limit (0: none). Off the hot path: consensus and judges only. */
+export const within =
+  <E>(millis: number, onTimeout: () => E) =>
+  <A, E2, R>(effect: Effect.Effect<A, E2, R>): Effect.Effect<A, E | E2, R> =>
+    millis > 0 ? Effect.timeoutFail(effect, { duration: millis, onTimeout }) : effect
+
+/** The idle limit for nodes that do not enforce it themselves: a timer per pull. */
+export const idleLimit = (entry: Entry, idleTimeoutMillis: number) =>
+  within(entry.node.enforcesIdleTimeout === true ? 0 : idleTimeoutMillis, () =>
+    Option.some(new NodeFailure({ nodeId: entry.node.id, reason: "stalled" })),
+  )
+
+// --- the alarm --------------------------------------------------------------------------
+
+const realClock = Effect.runSync(Effect.clock)
+
+/** Calls `fire` after `millis` on `runtime`'s clock; returns the cancel. */
+export type Alarm = (millis: number, fire: () => void) => () => void
+
+export const alarmOn = (runtime: Runtime.Runtime<never>, clock: Clock.Clock): Alarm => {
+  if (clock === realClock) {
+    return (millis, fire) => {
+      const timer = setTimeout(fire, millis)
+      return () => clearTimeout(timer)
+    }
+  }
+  const runFork = Runtime.runFork(runtime)
+  return (millis, fire) => {
+    // Cancelled by a flag, not an interrupt: interrupting a fiber inside TestClock's sleep can wedge the test clock.
+    let cancelled = false
+    runFork(Effect.sleep(millis)).addObserver((exit) => {
+      if (!cancelled && Exit.isSuccess(exit)) fire()
+    })
+    return () => {
+      cancelled = true
+    }
+  }
+}
+
+// --- one attempt --------------------------------------------------------------------------
+
+export type FirstOutcome =
+  | { readonly _tag: "First"; readonly chunk: Chunk.Chunk<NodeEvent> }
+  | { readonly _tag: "Empty" }
+  | { readonly _tag: "Failed"; readonly failure: NodeFailure }
+
+/** How waiting for a node's first event ended: an event, the end of its stream, or a failure (defects included). */
+export const classify = (
+  nodeId: string,
+  exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>,
+): FirstOutcome => {
+  if (Exit.isSuccess(exit)) return { _tag: "First", chunk: exit.value }
+  const failure = Cause.failureOption(exit.cause)
+  if (Option.isSome(failure)) {
+    return Option.isNone(failure.value) ? { _tag: "Empty" } : { _tag: "Failed", failure: failure.value.value }
+  }
+  return {
+    _tag: "Failed",
+    failure: new NodeFailure({ nodeId, reason: `defect: ${Cause.pretty(exit.cause).slice(0, 200)}` }),
+  }
+}
+
+/** An attempt on a held slot. Its slot and node stream live in `scope`, closed when it loses or fails. */
+export interface Attempt {
+  readonly slot: Slot
+  readonly scope: Scope.CloseableScope
+  readonly startedAt: number
+  /** Set once the node is open. */
+  pull: NodePull | undefined
+  /** Interrupts the attempt's first pull if it still runs. */
+  cancel: () => void
+  /** The first pull has reported. */
+  reported: boolean
+  /** Starts the open and the first pull (after the caller armed its alarm: on a test clock, ties go to the node). */
+  begin: () => void
+}
+
+/**
+ * Prepares an attempt on `slot`: a child scope of `parent` holds the slot
+ * and the node stream; `begin` runs the open and the first pull on a
+ * detached fiber of `runtime`, which reports its exit to `report` exactly once.
+ */
+export const launch = (
+  pool: NodePool,
+  parent: Scope.Scope,
+  runtime: Runtime.Runtime<never>,
+  slot: Slot,
+  request: NodeRequest,
+  startedAt: number,
+  report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+): Effect.Effect<Attempt> =>
+  Effect.flatMap(Scope.fork(parent, ExecutionStrategy.sequential), (scope) =>
+    // Released when the attempt's scope closes, after the node stream's own finalizers.
+    Effect.as(
+      Scope.addFinalizer(
+        scope,
+        Effect.sync(() => pool.release(slot)),
+      ),
+      scope,
+    ),
+  ).pipe(
+    Effect.map((scope) => {
+      const attempt: Attempt = {
+        slot,
+        scope,
+        startedAt,
+        pull: undefined,
+        cancel: () => undefined,
+        reported: false,
+        begin: () => undefined,
+      }
+      const first = Effect.flatMap(Scope.extend(openOn(slot.entry.node, request), scope), (pull) => {
+        attempt.pull = pull
+        return firstNonEmpty(pull)
+      })
+      attempt.begin = () => {
+        const fiber = Runtime.runFork(runtime)(first)
+        attempt.cancel = () => {
+          if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
+        }
+        fiber.addObserver((exit) => {
+          if (attempt.reported) return
+          attempt.reported = true
+          report(attempt, exit)
+        })
+      }
+      return attempt
+    }),
+  )
+
+/** Ends an attempt that lost or failed: its first pull stopped, its node stream and slot freed. */
+export const close = (attempt: Attempt): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    attempt.cancel()
+    return Scope.close(attempt.scope, Exit.void)
+  })
+
+/**
+ * The winning stream: its first chunk, then the rest pulled as it comes.
+ * Failures count against the node; when the attempt's scope closes without
+ * one (the end, or the reader stopping early at the token cap) the speed
+ * seen so far is recorded. One pull per chunk, no stream stages per event.
+ */
+export const winner = (
+  attempt: Attempt,
+  firstAt: number,
+  first: Chunk.Chunk<NodeEvent>,
+  idleTimeoutMillis: number,
+): Effect.Effect<NodePull> => {
+  const { slot } = attempt
+  let text = ""
+  let failed = false
+  return Effect.as(
+    Scope.addFinalizer(
+      attempt.scope,
+      Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        Effect.sync(() => {
+          if (!failed) slot.entry.health.succeeded(text.length > 0 ? Tokens.count(text) : 0, now - firstAt)
+        }),
+      ),
+    ),
+    undefined,
+  ).pipe(
+    Effect.map(() => {
+      const source = attempt.pull ?? ended
+      const see = (chunk: Chunk.Chunk<NodeEvent>) => {
+        for (const event of chunk) if (event._tag === "Delta") text += event.text
+      }
+      see(first)
+      const limited = idleLimit(slot.entry, idleTimeoutMillis)(source)
+      const onFailure = (
+        error: Option.Option<NodeFailure>,
+      ): Effect.Effect<never, Option.Option<NodeFailure>> =>
+        Option.isNone(error)
+          ? Effect.fail(error)
+          : Effect.flatMap(Clock.currentTimeMillis, (now) => {
+              failed = true
+              slot.entry.health.failure(now, error.value.reason, slot.trial)
+              return Effect.fail(error)
+            })
+      const next: NodePull = Effect.matchEffect(limited, {
+        onFailure,
+        onSuccess: (chunk) => {
+          see(chunk)
+          return Effect.succeed(chunk)
+        },
+      })
+      let pending: Chunk.Chunk<NodeEvent> | undefined = first
+      return Effect.suspend(() => {
+        if (pending === undefined) return next
+        const chunk = pending
+        pending = undefined
+        return Effect.succeed(chunk)
+      })
+    }),
+  )
+}
+
+// --- a whole answer (consensus authors and judges) --------------------------------------------
+
+export interface Answer {
+  readonly nodeId: string
+  readonly events: ReadonlyArray<NodeEvent>
+  readonly text: string
+}
+
+const textOf = (events: ReadonlyArray<NodeEvent>) =>
+  events.map((event) => (event._tag === "Delta" ? event.text : "")).join("")
+
+/** A pull's end of stream (`None` failure) as a `None` value; its failures as plain failures. */
+const endOfStream = <A, E, R>(
+  pull: Effect.Effect<A, Option.Option<E>, R>,
+): Effect.Effect<Option.Option<A>, E, R> =>
+  Effect.catchAll(Effect.map(pull, Option.some), (error) =>
+    Option.isNone(error) ? Effect.succeed(Option.none()) : Effect.fail(error.value),
+  )
+
+/** Runs a request on a held slot to its end, with the first-token and idle limits; feeds the node's health. */
+export const complete = (
+  slot: Slot,
+  request: NodeRequest,
+  options: AttemptOptions,
+  limitMillis?: number,
+): Effect.Effect<Answer, NodeFailure> => {
+  const { entry } = slot
+  let firstAt: number | undefined
+  let startedAt = 0
+  const run = Effect.scoped(
+    Effect.gen(function* () {
+      startedAt = yield* Clock.currentTimeMillis
+      const pull = yield* openOn(entry.node, request)
+      const events: Array<NodeEvent> = []
+      const first = yield* firstNonEmpty(pull).pipe(
+        within(options.firstTokenTimeoutMillis, () =>
+          Option.some(timedOut(entry, "no first token", options.firstTokenTimeoutMillis)),
+        ),
+        endOfStream,
+      )
+      if (Option.isNone(first)) return events
+      firstAt = yield* Clock.currentTimeMillis
+      entry.health.firstToken(firstAt - startedAt, slot.trial)
+      // Held whole until judged, so bounded: a node ignoring max_tokens is cut just past the cap.
+      let tokens = 0
+      const add = (chunk: Chunk.Chunk<NodeEvent>): boolean => {
+        for (const event of chunk) {
+          events.push(event)
+          if (event._tag !== "Delta") continue
+          tokens += Tokens.count(event.text, request.maxTokens - tokens + 1)
+          if (tokens > request.maxTokens) {
+            events.push({ _tag: "Finish", reason: "length" })
+            return false
+          }
+        }
+        return true
+      }
+      if (!add(first.value)) return events
+      while (true) {
+        const next = yield* pull.pipe(idleLimit(entry, options.idleTimeoutMillis), endOfStream)
+        if (Option.isNone(next) || !add(next.value)) return events
+      }
+    }),
+  )
+  return Effect.gen(function* () {
+    const result = yield* Effect.either(
+      within(limitMillis ?? 0, () => timedOut(entry, "no complete answer", limitMillis ?? 0))(run),
+    )
+    const now = yield* Clock.currentTimeMillis
+    if (Either.isLeft(result)) {
+      entry.health.failure(now, result.left.reason, slot.trial)
+      return yield* Effect.fail(result.left)
+    }
+    if (firstAt === undefined) entry.health.firstToken(now - startedAt, slot.trial)
+    const text = textOf(result.right)
+    entry.health.succeeded(Tokens.count(text), now - (firstAt ?? startedAt))
+    return { nodeId: entry.node.id, events: result.right, text }
+  })
+}

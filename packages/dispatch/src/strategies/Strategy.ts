@@ -1,0 +1,65 @@
+/**
+ * What every strategy gets from the dispatcher and hands back: the pool,
+ * the limits, and the run of one answer.
+ */
+import { CapacityExhausted } from "@swarmgate/protocol"
+import { Stream } from "effect"
+import type { AttemptOptions } from "../Attempt"
+import type { Vote } from "../BradleyTerry"
+import type { NodePool } from "../NodePool"
+import type { NodeEvent, NodeFailure, NodePull } from "../NodeTransport"
+import type { Preset } from "../Presets"
+
+export interface NodeRun {
+  /** The node answering; for consensus `consensus:<authors>`. */
+  readonly nodeId: string
+  /**
+   * The answer's events, a chunk per pull; starts with the first event
+   * already received (failures before it were retried). Read either `pull`
+   * or `events`, not both: they are one sequence.
+   */
+  readonly pull: NodePull
+  /** `pull` as a stream. */
+  readonly events: Stream.Stream<NodeEvent, NodeFailure>
+}
+
+export const runOf = (nodeId: string, pull: NodePull): NodeRun => ({
+  nodeId,
+  pull,
+  events: Stream.repeatEffectChunkOption(pull),
+})
+
+export interface ConsensusTrace {
+  readonly requestId: string
+  readonly presetId: string
+  readonly question: string
+  readonly answers: ReadonlyArray<{ readonly nodeId: string; readonly text: string }>
+  /** Distinct answer texts, with who sent each and its Bradley–Terry strength. */
+  readonly candidates: ReadonlyArray<{
+    readonly text: string
+    readonly authors: ReadonlyArray<string>
+    readonly strength: number
+  }>
+  readonly votes: ReadonlyArray<Vote>
+  readonly winner: number
+  /** Judges' reputations before this decision updated them. */
+  readonly reputations: Readonly<Record<string, number>>
+}
+
+export interface StrategyContext {
+  readonly pool: NodePool
+  readonly attempt: AttemptOptions
+  readonly maxAttempts: number
+  readonly queueWaitMillis: number
+  /** Hedge threshold for a node without enough history, when the swarm has none either (0: no hedging). */
+  readonly hedgeAfterMillis: number
+  readonly hedgeMinMillis: number
+  readonly judgeTimeoutMillis: number
+  readonly onConsensus: ((trace: ConsensusTrace) => void) | undefined
+}
+
+export const capacityExhausted = (ctx: StrategyContext, preset: Preset) =>
+  new CapacityExhausted({
+    message: `No capacity for ${preset.id} right now; retry after the indicated delay.`,
+    retryAfterSeconds: Math.min(60, Math.max(1, Math.ceil(ctx.queueWaitMillis / 1000))),
+  })
