@@ -5,7 +5,7 @@
  * record gets the tokens the gateway counted and why it ended.
  */
 import type { Principal } from "@swarmgate/auth"
-import { Billing } from "@swarmgate/billing"
+import { Billing, type Ledger } from "@swarmgate/billing"
 import { AdmissionUnavailable } from "@swarmgate/protocol"
 import { Cause, Effect, Exit, Option, type Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
@@ -34,6 +34,54 @@ export const usageOutcome = (
 const unavailable = () =>
   new AdmissionUnavailable({ message: "The service cannot accept the request now.", retryAfterSeconds: 1 })
 
+/** What ran, as billing records it: settled from `outcome`, or voided when nothing started. */
+export const settleOutcome = (
+  billing: Billing.BillingShape,
+  requestId: string,
+  outcome: Outcome,
+  exit: Exit.Exit<unknown, unknown>,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+): Effect.Effect<void> => {
+  const ended = usageOutcome(outcome, exit)
+  if (ended === "void") return Effect.asVoid(billing.void(requestId))
+  const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+  const settled = billing.settle(requestId, settlement)
+  return onSettled === undefined
+    ? Effect.asVoid(settled)
+    : Effect.map(settled, (entry) => onSettled(settlement, entry))
+}
+
+/** The hold a request places: its worst case against every limit that applies. */
+export const reserveInput = (
+  principal: Principal,
+  requestId: string,
+  request: NormalizedRequest,
+): Billing.ReserveInput => ({
+  requestId,
+  accountId: principal.account.id,
+  keyId: principal.key.id,
+  model: request.preset.id,
+  promptTokens: request.promptTokens,
+  maxTokens: request.maxTokens,
+  paymentHold: principal.account.paymentHold,
+  monthlySpendLimitMicros: principal.account.monthlySpendLimitMicros,
+  keySpendLimitMicros: principal.key.spendLimitMicros,
+  ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS,
+})
+
+/** Places the hold; storage trouble is the service's (503), not the caller's. */
+export const reserve = (
+  billing: Billing.BillingShape,
+  input: Billing.ReserveInput,
+): Effect.Effect<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> =>
+  billing
+    .reserve(input)
+    .pipe(
+      Effect.catchTag("BillingUnavailable", (e) =>
+        Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable())),
+      ),
+    )
+
 /**
  * Reserves the request's worst case for `principal`, and in the scope's
  * release settles it from `outcome` (read when the scope closes) or voids it.
@@ -43,38 +91,14 @@ export const hold = (
   requestId: string,
   request: NormalizedRequest,
   outcome: Outcome,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
 ): Effect.Effect<
   Billing.Hold,
   Billing.ReserveRefusal | AdmissionUnavailable,
   Billing.Billing | Scope.Scope
 > =>
   Effect.flatMap(Billing.Billing, (billing) =>
-    Effect.acquireRelease(
-      billing
-        .reserve({
-          requestId,
-          accountId: principal.account.id,
-          keyId: principal.key.id,
-          model: request.preset.id,
-          promptTokens: request.promptTokens,
-          maxTokens: request.maxTokens,
-          paymentHold: principal.account.paymentHold,
-          monthlySpendLimitMicros: principal.account.monthlySpendLimitMicros,
-          keySpendLimitMicros: principal.key.spendLimitMicros,
-          ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS,
-        })
-        .pipe(
-          Effect.catchTag("BillingUnavailable", (e) =>
-            Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable())),
-          ),
-        ),
-      (_, exit) => {
-        const ended = usageOutcome(outcome, exit)
-        return ended === "void"
-          ? Effect.asVoid(billing.void(requestId))
-          : Effect.asVoid(
-              billing.settle(requestId, { completionTokens: outcome.completionTokens, outcome: ended }),
-            )
-      },
+    Effect.acquireRelease(reserve(billing, reserveInput(principal, requestId, request)), (_, exit) =>
+      settleOutcome(billing, requestId, outcome, exit, onSettled),
     ),
   )

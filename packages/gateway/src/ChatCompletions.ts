@@ -10,14 +10,16 @@ import {
   type CapacityExhausted,
   type FinishReason,
   REQUEST_ID_HEADER,
+  renderError,
   streamErrorEvent,
   Tokens,
   UpstreamError,
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Clock, Effect, Either, Option } from "effect"
+import { Context, Effect, Either, FiberId, Option, type Scope } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
+import * as Timers from "./internal/Timers"
 import type { NormalizedRequest } from "./RequestPolicy"
 
 /** What ran, for usage records and billing: set as the request goes. */
@@ -70,26 +72,13 @@ type RunError = CapacityExhausted | UpstreamError | UpstreamTimeout
 export interface RespondHooks {
   /** The dispatcher handed over a run: the node produced its first event. */
   readonly onRun?: ((run: Dispatcher.NodeRun) => Effect.Effect<void>) | undefined
-  /** Registers `halt` for the drain deadline; returns its removal. A halted answer fails as `upstream_error`. */
+  /** Registers `halt` for the drain deadline; returns its removal. A halted answer ends as `upstream_error`. */
   readonly onHalt?: ((halt: () => void) => () => void) | undefined
+  /** The answer was stopped (running-time limit, drain) with this wire code. */
+  readonly onStopped?: ((code: string) => void) | undefined
 }
 
-const halted = () =>
-  new UpstreamError({ message: "The server is shutting down; the answer was cut at the drain deadline." })
-
-/**
- * Fails at the running-time deadline or when the drain halts the answer: one
- * race for the whole answer, not a timer per chunk.
- */
-const stopper = (millis: number, onHalt: RespondHooks["onHalt"]) =>
-  Effect.async<never, UpstreamError | UpstreamTimeout>((resume) => {
-    const timer = setTimeout(() => resume(Effect.fail(timedOut())), millis)
-    const off = onHalt?.(() => resume(Effect.fail(halted())))
-    return Effect.sync(() => {
-      clearTimeout(timer)
-      off?.()
-    })
-  })
+const HALTED = "The server is shutting down; the answer was cut at the drain deadline."
 
 const broke = (failure: NodeFailure) =>
   new UpstreamError({ message: `The node stopped before the answer was complete (${failure.reason}).` })
@@ -111,7 +100,7 @@ const runEvents = (
   pull: NodePull,
   text: CappedText,
   outcome: Outcome,
-  onText: (deltas: ReadonlyArray<string>) => Effect.Effect<void>,
+  onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) =>
   Effect.gen(function* () {
     let nodeFinish: "stop" | "length" | undefined
@@ -133,7 +122,7 @@ const runEvents = (
       }
       // Kept current as it goes: a disconnect settles what ran, whenever it cuts in.
       outcome.completionTokens = text.tokens
-      if (deltas.length > 0) yield* onText(deltas)
+      if (deltas.length > 0 && onText !== undefined) yield* onText(deltas)
     }
     return finishOf(text, nodeFinish)
   })
@@ -141,9 +130,18 @@ const runEvents = (
 const usageJson = (prompt: number, completion: number) =>
   `{"prompt_tokens":${prompt},"completion_tokens":${completion},"total_tokens":${prompt + completion}}`
 
+/** Why an answer was stopped from outside its fiber. */
+type Stop = "upstream_timeout" | "halted"
+
 /**
- * Answers the request on `res`. Fails (with nothing written) only before the
- * first token; later failures are written as the stream's last event.
+ * Answers the request on `res`, in the caller's scope (the node stream and
+ * slots live there). Fails (with nothing written) only before the first
+ * token; later failures are written as the stream's last event.
+ *
+ * The running-time limit and the drain stop an answer by interrupting its
+ * fiber from one shared timer list — no race or timeout per request — and
+ * the finalizer below writes what the client gets: 504 (or 502 when halted)
+ * before anything was sent, the final error event after.
  */
 export const respond = (
   res: ServerResponse,
@@ -151,36 +149,80 @@ export const respond = (
   request: NormalizedRequest,
   outcome: Outcome,
   hooks: RespondHooks = {},
-): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig> =>
-  Effect.scoped(
-    Effect.gen(function* () {
-      const dispatcher = yield* Dispatcher.Dispatcher
-      const startedAt = yield* Clock.currentTimeMillis
-      const created = Math.floor(startedAt / 1000)
-      const id = completionId(requestId)
-      const text = new CappedText(request.maxTokens)
-      const deadline = startedAt + request.preset.timeoutMillis
-      const remaining = Effect.map(Clock.currentTimeMillis, (now) => Math.max(0, deadline - now))
-      const withDeadline = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-        Effect.flatMap(remaining, (millis) =>
-          Effect.timeoutFail(effect, { duration: millis, onTimeout: timedOut }),
+): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig | Scope.Scope> =>
+  Effect.withFiberRuntime<void, RunError, Dispatcher.Dispatcher | GatewayConfig | Scope.Scope>((fiber) => {
+    const context = fiber.currentContext
+    const dispatcher = Context.unsafeGet(context, Dispatcher.Dispatcher)
+    const config = Context.unsafeGet(context, GatewayConfig)
+    const startedAt = Date.now()
+    const created = Math.floor(startedAt / 1000)
+    const id = completionId(requestId)
+    const text = new CappedText(request.maxTokens)
+    let stopped: Stop | undefined
+    let offHalt: (() => void) | undefined
+    let offKeepAlive: (() => void) | undefined
+    const stop = (why: Stop) => {
+      if (stopped !== undefined || outcome.status !== "pending") return
+      stopped = why
+      outcome.status = why === "upstream_timeout" ? "upstream_timeout" : "upstream_error"
+      fiber.unsafeInterruptAsFork(FiberId.none)
+    }
+    const cancelDeadline = Timers.deadline(request.preset.timeoutMillis, () => stop("upstream_timeout"))
+
+    /** The answer of a stopped request, written once its fiber was interrupted. */
+    const writeStopped = (why: Stop) => {
+      hooks.onStopped?.(why === "upstream_timeout" ? "upstream_timeout" : "upstream_error")
+      if (res.writableEnded || res.destroyed) return
+      if (outcome.headersSent) {
+        outcome.completionTokens = Tokens.count(text.text)
+        const message =
+          why === "upstream_timeout"
+            ? "The request reached its running-time limit after the stream started."
+            : HALTED
+        // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
+        res.end(
+          SseEncoder.encodeData(
+            streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
+          ),
         )
-      const run = yield* withDeadline(
-        dispatcher.run(request.preset, {
-          requestId,
-          messages: request.messages,
-          maxTokens: request.maxTokens,
-          jsonMode: request.jsonMode,
-          sampling: request.sampling,
-        }),
+        return
+      }
+      if (outcome.started) outcome.completionTokens = Tokens.count(text.text)
+      const rendered = renderError(
+        why === "upstream_timeout" ? timedOut() : new UpstreamError({ message: HALTED }),
+        requestId,
       )
+      res.writeHead(rendered.status, {
+        ...rendered.headers,
+        "content-length": String(Buffer.byteLength(rendered.body)),
+      })
+      res.end(rendered.body)
+    }
+
+    const cleanup = Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        cancelDeadline()
+        offHalt?.()
+        offKeepAlive?.()
+        if (stopped !== undefined) writeStopped(stopped)
+      }),
+    )
+
+    const answer = Effect.gen(function* () {
+      const run = yield* dispatcher.run(request.preset, {
+        requestId,
+        messages: request.messages,
+        maxTokens: request.maxTokens,
+        jsonMode: request.jsonMode,
+        sampling: request.sampling,
+      })
       outcome.started = true
       outcome.nodeId = run.nodeId
       if (hooks.onRun !== undefined) yield* hooks.onRun(run)
-      const guarded = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-        Effect.flatMap(remaining, (millis) => Effect.raceFirst(effect, stopper(millis, hooks.onHalt)))
+      // The drain may end a running answer; a request not yet started is the drain's own to refuse.
+      if (hooks.onHalt !== undefined) offHalt = hooks.onHalt(() => stop("halted"))
       if (!request.stream) {
-        const finish = yield* guarded(runEvents(run.pull, text, outcome, () => Effect.void))
+        const finish = yield* runEvents(run.pull, text, outcome, undefined)
         outcome.finishReason = finish
         const completionTokens = Tokens.count(text.text)
         outcome.completionTokens = completionTokens
@@ -195,7 +237,6 @@ export const respond = (
         return
       }
 
-      const config = yield* GatewayConfig
       const usageTail = request.includeUsage ? ',"usage":null}' : "}"
       const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
       const chunk = (delta: string, finish: string) =>
@@ -203,39 +244,37 @@ export const respond = (
 
       res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
       outcome.headersSent = true
-      let lastWrite = Date.now()
+      const alive: Timers.KeepAliveStream = {
+        lastWrite: Date.now(),
+        intervalMillis: config.keepAliveIntervalMillis,
+        ping: () => {
+          if (!res.writableEnded) res.write(SseEncoder.keepAlive)
+        },
+      }
+      offKeepAlive = Timers.keepAlive(alive)
       const send = (data: string) => {
-        lastWrite = Date.now()
+        alive.lastWrite = Date.now()
         return SseWriter.write(res, data)
       }
-      const timer = setInterval(
-        () => {
-          if (Date.now() - lastWrite >= config.keepAliveIntervalMillis && !res.writableEnded) {
-            lastWrite = Date.now()
-            res.write(SseEncoder.keepAlive)
-          }
-        },
-        Math.max(10, Math.floor(config.keepAliveIntervalMillis / 2)),
-      )
-      yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(timer)))
 
       yield* send(chunk('{"role":"assistant","content":""}', "null"))
-      const finished = yield* runEvents(run.pull, text, outcome, (deltas) => {
-        let data = ""
-        for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
-        return send(data)
-      }).pipe(guarded, Effect.either)
+      const finished = yield* Effect.either(
+        runEvents(run.pull, text, outcome, (deltas) => {
+          let data = ""
+          for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
+          return send(data)
+        }),
+      )
       if (finished._tag === "Left") {
-        outcome.status = finished.left._tag === "UpstreamTimeout" ? "upstream_timeout" : "upstream_error"
+        outcome.status = "upstream_error"
         outcome.completionTokens = Tokens.count(text.text)
-        const message =
-          finished.left._tag === "UpstreamTimeout"
-            ? "The request reached its running-time limit after the stream started."
-            : finished.left.message
         // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
         res.end(
           SseEncoder.encodeData(
-            streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
+            streamErrorEvent(
+              { message: finished.left.message, type: "server_error", code: "upstream_error" },
+              requestId,
+            ),
           ),
         )
         return
@@ -251,5 +290,6 @@ export const respond = (
       }
       res.end(tail + SseEncoder.DONE)
       outcome.status = "completed"
-    }),
-  )
+    })
+    return Effect.zipRight(cleanup, answer)
+  })

@@ -8,7 +8,7 @@ import { createHash, randomUUID, timingSafeEqual } from "node:crypto"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
-import { ApiKeys, type Repository } from "@swarmgate/auth"
+import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
 import type { Billing as BillingService } from "@swarmgate/billing"
 import { Dispatcher } from "@swarmgate/dispatch"
 import {
@@ -36,7 +36,7 @@ import { onClientError } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
 import * as Operations from "./Operations"
-import { normalize, type PresetView } from "./RequestPolicy"
+import { type NormalizedRequest, normalize, type PresetView } from "./RequestPolicy"
 
 export type GatewayServices =
   | ApiKeys.ApiKeys
@@ -213,24 +213,35 @@ const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: st
       config.maxImageBytes,
     )
     Operations.noteRequest(res, request)
+    yield* Effect.scoped(serve(res, requestId, principal, request))
+  })
+
+/**
+ * Admission, the hold and the answer, in one scope: the node stream, the
+ * permit and the hold are released there, whatever ends the request.
+ */
+const serve = (res: ServerResponse, requestId: string, principal: Principal, request: NormalizedRequest) =>
+  Effect.gen(function* () {
     const outcome = ChatCompletions.newOutcome()
-    yield* Effect.scoped(
-      Effect.gen(function* () {
-        // Released when this scope closes; rate and quota units refunded unless generation started.
-        const permit = yield* Limits.admit(res, principal, request.preset.id, outcome).pipe(
-          Operations.admission(res),
-        )
-        // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
-        yield* Billing.hold(principal, requestId, request, outcome)
-        // The permit is committed the moment generation starts: failures before leave no count.
-        yield* ChatCompletions.respond(
-          res,
-          requestId,
-          request,
-          outcome,
-          Operations.respondHooks(res, () => permit.commit),
-        )
-      }).pipe(Operations.instrument(res)),
+    const gauges = Operations.gauges(res)
+    gauges.waiting()
+    // Released when this scope closes; rate and quota units refunded unless generation started.
+    const permit = yield* Effect.tapError(Limits.admit(res, principal, request.preset.id, outcome), () =>
+      Effect.sync(gauges.refused),
+    )
+    gauges.admitted()
+    yield* Effect.addFinalizer(() => Effect.sync(gauges.finished))
+    // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
+    yield* Billing.hold(principal, requestId, request, outcome, (settlement, entry) =>
+      Operations.noteSettled(res, settlement, entry),
+    )
+    // The permit is committed the moment generation starts: failures before leave no count.
+    yield* ChatCompletions.respond(
+      res,
+      requestId,
+      request,
+      outcome,
+      Operations.respondHooks(res, () => permit.commit),
     )
   })
 

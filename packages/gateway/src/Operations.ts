@@ -11,8 +11,8 @@
 import { timingSafeEqual } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Principal } from "@swarmgate/auth"
-import { Billing } from "@swarmgate/billing"
-import { Effect, type Fiber, FiberRef, Option, Redacted, type Scope } from "effect"
+import type { Billing } from "@swarmgate/billing"
+import { Effect, type Fiber, FiberRef, Option, Redacted } from "effect"
 import type * as ChatCompletions from "./ChatCompletions"
 import { Drainer, refuse } from "./Drain"
 import { Health, type HealthShape } from "./Health"
@@ -189,23 +189,52 @@ export const noteRequest = (
   ctx.record.promptTokens = request.promptTokens
 }
 
-/** Around admission: counted as queued while it waits, then in flight until the request's scope closes. */
-export const admission =
-  (res: ServerResponse) =>
-  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Scope.Scope> => {
-    const ctx = contexts.get(res)
-    if (ctx === undefined || Option.isNone(ctx.ops.metrics)) return effect
-    const metrics = ctx.ops.metrics.value
-    return Effect.acquireUseRelease(
-      Effect.sync(metrics.queued.inc),
-      () => effect,
-      () => Effect.sync(metrics.queued.dec),
-    ).pipe(
-      Effect.tap(() =>
-        Effect.acquireRelease(Effect.sync(metrics.inFlight.inc), () => Effect.sync(metrics.inFlight.dec)),
-      ),
-    )
+/**
+ * The admission gauges of one request, as plain calls: `queued` while it
+ * waits for admission, then `admitted` (in flight) until `finished`.
+ */
+export interface Gauges {
+  readonly waiting: () => void
+  readonly admitted: () => void
+  readonly refused: () => void
+  readonly finished: () => void
+}
+
+const noGauges: Gauges = {
+  waiting: () => undefined,
+  admitted: () => undefined,
+  refused: () => undefined,
+  finished: () => undefined,
+}
+
+export const gauges = (res: ServerResponse): Gauges => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined || Option.isNone(ctx.ops.metrics)) return noGauges
+  const metrics = ctx.ops.metrics.value
+  let state: "new" | "waiting" | "admitted" | "done" = "new"
+  return {
+    waiting: () => {
+      if (state !== "new") return
+      state = "waiting"
+      metrics.queued.inc()
+    },
+    admitted: () => {
+      if (state === "waiting") metrics.queued.dec()
+      if (state === "admitted" || state === "done") return
+      state = "admitted"
+      metrics.inFlight.inc()
+    },
+    refused: () => {
+      if (state === "waiting") metrics.queued.dec()
+      state = "done"
+    },
+    finished: () => {
+      if (state === "waiting") metrics.queued.dec()
+      if (state === "admitted") metrics.inFlight.dec()
+      state = "done"
+    },
   }
+}
 
 /**
  * The hooks of an answer: notes the node and the first token, and lets the
@@ -227,25 +256,21 @@ export const respondHooks = (
         return onRun()
       }),
     onHalt: (halt) => drainer.onHalt(halt),
+    onStopped: (code) => {
+      record.code = code
+    },
   }
 }
 
-/** Around the request: takes the settled cost from billing for the log. */
-export const instrument =
-  (res: ServerResponse) =>
-  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R | Billing.Billing> => {
-    const ctx = contexts.get(res)
-    if (ctx === undefined) return effect
-    const record = ctx.record
-    return Effect.flatMap(Billing.Billing, (billing) =>
-      Effect.provideService(effect, Billing.Billing, {
-        ...billing,
-        settle: (requestId, settlement) =>
-          Effect.tap(billing.settle(requestId, settlement), (entry) => {
-            record.outcome = settlement.outcome
-            record.completionTokens = settlement.completionTokens
-            if (entry !== undefined) record.costMicros = entry.costMicros
-          }),
-      }),
-    )
-  }
+/** The settled cost and tokens, for the log. */
+export const noteSettled = (
+  res: ServerResponse,
+  settlement: Billing.Settlement,
+  entry: { readonly costMicros: number } | undefined,
+) => {
+  const ctx = contexts.get(res)
+  if (ctx === undefined) return
+  ctx.record.outcome = settlement.outcome
+  ctx.record.completionTokens = settlement.completionTokens
+  if (entry !== undefined) ctx.record.costMicros = entry.costMicros
+}
