@@ -57,6 +57,8 @@ export interface DispatcherShape {
   readonly preset: (id: string) => Preset | undefined
   /** Active (not draining) nodes serving the preset. */
   readonly nodesFor: (presetId: string) => ReadonlyArray<SwarmNode>
+  /** Whether an active node serving the preset accepts images; O(1), cached until membership changes. */
+  readonly visionFor: (presetId: string) => boolean
   readonly inFlight: (nodeId: string) => number
   /**
    * Runs the request by the preset's strategy. Fails before generation with
@@ -112,6 +114,7 @@ export const make = (
     presets,
     preset: (id) => presetById.get(id),
     nodesFor: (presetId) => pool.serving(presetId).map((e) => e.node),
+    visionFor: (presetId) => pool.vision(presetId),
     inFlight: (nodeId) => pool.entries.get(nodeId)?.inFlight ?? 0,
     run: (preset, request) =>
       preset.strategy === "consensus" ? consensus(ctx, preset, request) : single(ctx, preset, request),

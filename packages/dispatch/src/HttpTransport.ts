@@ -343,7 +343,9 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
       const controller = new AbortController()
       // Set once the body was read to its end: only then may the connection be reused.
       let complete = false
-      yield* Effect.addFinalizer(() =>
+      // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
+      yield* Scope.addFinalizer(
+        yield* Effect.scope,
         Effect.sync(() => {
           if (!complete) controller.abort()
         }),

@@ -71,6 +71,7 @@ export const openOn = (node: SwarmNode, request: NodeRequest): Effect.Effect<Nod
 export class NodePool {
   readonly entries = new Map<string, Entry>()
   private servingCache: Map<string, Array<Entry>> | undefined
+  private visionCache: Map<string, boolean> | undefined
   private readonly waiters = new Set<Deferred.Deferred<void>>()
   private readonly swarmP95 = new Map<string, { readonly value: number | undefined; readonly at: number }>()
 
@@ -106,8 +107,19 @@ export class NodePool {
     return this.servingCache.get(presetId) ?? []
   }
 
+  /** Whether an active node serving the preset accepts images (cached like `serving`). */
+  vision(presetId: string): boolean {
+    if (this.visionCache === undefined) {
+      this.visionCache = new Map(
+        this.presets.map((p) => [p.id, this.serving(p.id).some((e) => e.node.vision)]),
+      )
+    }
+    return this.visionCache.get(presetId) ?? false
+  }
+
   private changed() {
     this.servingCache = undefined
+    this.visionCache = undefined
   }
 
   private removeIfIdle(entry: Entry) {

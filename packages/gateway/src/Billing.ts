@@ -7,7 +7,7 @@
 import type { Principal } from "@swarmgate/auth"
 import { Billing, type Ledger } from "@swarmgate/billing"
 import { AdmissionUnavailable } from "@swarmgate/protocol"
-import { Cause, Effect, Exit, Option, type Scope } from "effect"
+import { Cause, Effect, Exit, Option, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
 import type { NormalizedRequest } from "./RequestPolicy"
 
@@ -98,7 +98,14 @@ export const hold = (
   Billing.Billing | Scope.Scope
 > =>
   Effect.flatMap(Billing.Billing, (billing) =>
-    Effect.acquireRelease(reserve(billing, reserveInput(principal, requestId, request)), (_, exit) =>
-      settleOutcome(billing, requestId, outcome, exit, onSettled),
+    Effect.flatMap(Effect.scope, (scope) =>
+      // Scope.addFinalizerExit, not acquireRelease: no fiber-ref diff and patch per request.
+      Effect.uninterruptible(
+        Effect.tap(reserve(billing, reserveInput(principal, requestId, request)), () =>
+          Scope.addFinalizerExit(scope, (exit) =>
+            settleOutcome(billing, requestId, outcome, exit, onSettled),
+          ),
+        ),
+      ),
     ),
   )

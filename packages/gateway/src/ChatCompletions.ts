@@ -17,7 +17,7 @@ import {
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Context, Effect, Either, FiberId, Option, type Scope } from "effect"
+import { Context, Effect, Either, FiberId, Option, Scope } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
 import * as Timers from "./internal/Timers"
 import type { NormalizedRequest } from "./RequestPolicy"
@@ -199,13 +199,17 @@ export const respond = (
       res.end(rendered.body)
     }
 
-    const cleanup = Effect.addFinalizer(() =>
-      Effect.sync(() => {
-        cancelDeadline()
-        offHalt?.()
-        offKeepAlive?.()
-        if (stopped !== undefined) writeStopped(stopped)
-      }),
+    // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
+    const cleanup = Effect.flatMap(Effect.scope, (scope) =>
+      Scope.addFinalizer(
+        scope,
+        Effect.sync(() => {
+          cancelDeadline()
+          offHalt?.()
+          offKeepAlive?.()
+          if (stopped !== undefined) writeStopped(stopped)
+        }),
+      ),
     )
 
     const answer = Effect.gen(function* () {

@@ -26,7 +26,7 @@ import {
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
 import type { Quota } from "@swarmgate/quota"
-import { Cause, Effect, Either, FiberId, Option, Redacted, Runtime } from "effect"
+import { Cause, Effect, Either, FiberId, Option, Redacted, Runtime, Scope } from "effect"
 import { handleAdmin } from "./Admin"
 import * as AdminNodes from "./AdminNodes"
 import * as Billing from "./Billing"
@@ -205,11 +205,11 @@ const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: st
     const json = yield* Effect.flatMap(readBody(req, config, startedAt), parseJson)
     const decoded = decodeChatCompletionRequest(json)
     if (Either.isLeft(decoded)) return yield* decoded.left
-    const views = yield* presetViews
+    const dispatcher = yield* Dispatcher.Dispatcher
     const request = yield* normalize(
       decoded.right,
       json as Record<string, unknown>,
-      (id) => views.get(id),
+      (id) => presetView(dispatcher, id),
       config.maxImageBytes,
     )
     Operations.noteRequest(res, request)
@@ -230,7 +230,7 @@ const serve = (res: ServerResponse, requestId: string, principal: Principal, req
       Effect.sync(gauges.refused),
     )
     gauges.admitted()
-    yield* Effect.addFinalizer(() => Effect.sync(gauges.finished))
+    yield* Scope.addFinalizer(yield* Effect.scope, Effect.sync(gauges.finished))
     // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
     yield* Billing.hold(principal, requestId, request, outcome, (settlement, entry) =>
       Operations.noteSettled(res, settlement, entry),
@@ -246,16 +246,10 @@ const serve = (res: ServerResponse, requestId: string, principal: Principal, req
   })
 
 /** Vision is a property of the nodes behind a preset; nodes come and go, so it is looked up per request. */
-const presetViews = Effect.map(Dispatcher.Dispatcher, (dispatcher) => {
-  const views = new Map<string, PresetView>()
-  for (const preset of dispatcher.presets) {
-    views.set(preset.id, {
-      preset,
-      vision: preset.vision && dispatcher.nodesFor(preset.id).some((n) => n.vision),
-    })
-  }
-  return views
-})
+const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetView | undefined => {
+  const preset = dispatcher.preset(id)
+  return preset === undefined ? undefined : { preset, vision: preset.vision && dispatcher.visionFor(id) }
+}
 
 const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
   const header = req.headers.authorization ?? ""

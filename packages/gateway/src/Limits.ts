@@ -10,7 +10,7 @@ import type { Account, Principal } from "@swarmgate/auth"
 import { Dispatcher } from "@swarmgate/dispatch"
 import type { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
 import { Quota } from "@swarmgate/quota"
-import { Config, ConfigError, Context, Effect, Either, Layer, Option, Redacted, type Scope } from "effect"
+import { Config, ConfigError, Context, Effect, Either, Layer, Option, Redacted, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
 
 // --- configuration ----------------------------------------------------------------
@@ -193,7 +193,8 @@ export const admit = (
     setRateHeaders(res, admission.permit.rates)
     const { permit } = admission
     // Runs before the release: a request that started counts even if nothing committed it yet.
-    yield* Effect.addFinalizer(() =>
+    yield* Scope.addFinalizer(
+      yield* Effect.scope,
       Effect.gen(function* () {
         if (outcome.started) yield* permit.commit
         // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.

@@ -10,6 +10,7 @@
  * Lines go straight to stdout: a log line per request is on the hot path, and
  * a direct write of one small JSON object is the cheapest honest way.
  */
+import { writeSync } from "node:fs"
 import type { ServerResponse } from "node:http"
 import { LogLevel } from "effect"
 import type { Observation } from "./Metrics"
@@ -107,11 +108,49 @@ export const line = (record: RequestRecord, o: Observation, now: number): string
     duration_ms: Math.round(o.durationSeconds * 1000),
   })}\n`
 
+/** Longest a line waits in the batch. */
+const BATCH_MILLIS = 20
+/** A batch this large is written at once. */
+const BATCH_CHARS = 64 * 1024
+
+let batch = ""
+let flushTimer: ReturnType<typeof setTimeout> | undefined
+let flushAtExit = false
+
+const flush = () => {
+  if (flushTimer !== undefined) clearTimeout(flushTimer)
+  flushTimer = undefined
+  if (batch.length === 0) return
+  const text = batch
+  batch = ""
+  try {
+    // Synchronous, so that nothing is lost when the process exits right after.
+    writeSync(1, text)
+  } catch {
+    // stdout gone (EPIPE): the lines have nowhere to go.
+  }
+}
+
+/**
+ * Stdout in batches: one write per `BATCH_MILLIS` or 64 KiB, not one per
+ * request (on a pipe each write is a system call on the request path). The
+ * batch is written at exit too.
+ */
+export const batchedStdout = (text: string) => {
+  batch += text
+  if (batch.length >= BATCH_CHARS) return flush()
+  if (flushTimer === undefined) {
+    if (!flushAtExit) {
+      flushAtExit = true
+      process.once("exit", flush)
+    }
+    flushTimer = setTimeout(flush, BATCH_MILLIS)
+    flushTimer.unref()
+  }
+}
+
 /** Request lines are info: written when the minimum level lets info through; probes only at debug. */
-export const writer = (
-  minimum: LogLevel.LogLevel,
-  out: (text: string) => void = (text) => process.stdout.write(text),
-) => ({
+export const writer = (minimum: LogLevel.LogLevel, out: (text: string) => void = batchedStdout) => ({
   requests: LogLevel.lessThanEqual(minimum, LogLevel.Info),
   probes: LogLevel.lessThanEqual(minimum, LogLevel.Debug),
   write: out,

@@ -2,7 +2,7 @@
  * A simulated model node: streams the pieces of a generated answer with realistic
  * timing and, per its profile, fails in the ways real nodes do.
  */
-import { Chunk, Clock, Data, Duration, Effect, Option, type Scope, Stream } from "effect"
+import { Chunk, Clock, Data, Duration, Effect, Option, Scope, Stream } from "effect"
 import { hashString, makePrng } from "./internal/Prng"
 import { parseJudgeRequest, verdict } from "./Judging"
 import { makeProfiles, type NodeProfile, type ProfileOptions } from "./Profiles"
@@ -192,16 +192,16 @@ export const makeSimNode = (
 
   const open = (input: GenerationInput, options: SimOpenOptions = {}) =>
     Effect.map(
-      Effect.acquireRelease(
-        Effect.sync(() => {
-          started++
-          active++
-        }),
-        () =>
+      Effect.flatMap(Effect.scope, (scope) => {
+        started++
+        active++
+        return Scope.addFinalizer(
+          scope,
           Effect.sync(() => {
             active--
           }),
-      ),
+        )
+      }),
       () => pullOf(plan(input), options.idleTimeoutMillis ?? 0),
     )
 

@@ -11,7 +11,7 @@
  * race, timeout or fork-join per request.
  */
 import { type CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { type Chunk, Clock, Effect, type Exit, type Option, type Scope } from "effect"
+import { type Chunk, Clock, Effect, type Exit, type Option, Scope } from "effect"
 import {
   type Attempt,
   alarmOn,
@@ -109,7 +109,8 @@ export const single = (
       })
     }
     // A request that ends (or is interrupted) stops its alarm and first pulls still running.
-    yield* Effect.addFinalizer(() =>
+    yield* Scope.addFinalizer(
+      parent,
       Effect.sync(() => {
         stopAlarm()
         for (const attempt of running) attempt.cancel()
