@@ -76,10 +76,18 @@ export const writeBatch = (
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql.withTransaction(
       Effect.gen(function* () {
-        for (const chunk of chunks(entries, ROWS_PER_STATEMENT)) {
-          yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
-          yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
-        }
+        if (sql.onDialectOrElse({ sqlite: () => true, orElse: () => false })) {
+          // SQLite runs in this process: one prepared statement reused per row is far cheaper than
+          // preparing a multi-row INSERT for every batch size (the statement text changes with it).
+          for (const entry of entries) {
+            yield* sql`INSERT INTO usage_records ${sql.insert(usageRow(entry))}`
+            yield* sql`INSERT INTO balance_movements ${sql.insert(chargeRow(entry))}`
+          }
+        } else
+          for (const chunk of chunks(entries, ROWS_PER_STATEMENT)) {
+            yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
+            yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
+          }
         for (const [accountId, total] of totalsByAccount(entries)) {
           yield* sql`UPDATE accounts SET balance_micros = balance_micros - ${total} WHERE id = ${accountId}`
         }

@@ -8,7 +8,7 @@ import { NodeContext } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { PgClient, PgMigrator } from "@effect/sql-pg"
 import { SqliteClient, SqliteMigrator } from "@effect/sql-sqlite-node"
-import { Config, Data, Effect, Layer, Redacted } from "effect"
+import { Config, Context, Data, Effect, Layer, Redacted } from "effect"
 import { migrations } from "./Migrations"
 
 export const DEFAULT_DATABASE_URL = "sqlite:./data/swarmgate.db"
@@ -42,7 +42,12 @@ export const parseDatabaseUrl = (url: string): Effect.Effect<DatabaseTarget, Inv
 
 const sqlite = (filename: string) => {
   if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true })
-  const client = SqliteClient.layer({ filename })
+  // WAL with synchronous=NORMAL: a commit survives a crash of the process (the ledger's batches are
+  // written at once, not fsynced one by one on the event loop); an OS crash or power loss can lose the
+  // last commits. PostgreSQL is the mode for more (README, Configuration).
+  const client = Layer.tap(SqliteClient.layer({ filename }), (context) =>
+    Effect.asVoid(Context.get(context, SqlClient.SqlClient)`PRAGMA synchronous = NORMAL`),
+  )
   return SqliteMigrator.layer({ loader: migrations }).pipe(
     Layer.provide(NodeContext.layer),
     Layer.provideMerge(client),
