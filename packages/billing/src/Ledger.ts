@@ -32,12 +32,27 @@ export interface UsageEntry {
 
 export const chargeId = (requestId: string) => `chg_${requestId}`
 
-/** Rows per multi-row INSERT: 10 parameters each stays far below SQLite's and PostgreSQL's limits. */
-const ROWS_PER_STATEMENT = 200
+/**
+ * Rows per multi-row INSERT, largest first: a batch is cut into chunks of
+ * these sizes only, so each table has four statement texts, prepared once and
+ * reused (a statement sized to each batch would be prepared anew every time).
+ * 10 parameters a row stays far below SQLite's and PostgreSQL's limits.
+ */
+const CHUNK_SIZES = [128, 32, 8, 1]
+/** Ids per `IN (…)` of a read. */
+const IDS_PER_READ = 200
 
-const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
+const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
   const out: Array<ReadonlyArray<A>> = []
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
+  return out
+}
+
+const chunks = <A>(items: ReadonlyArray<A>): Array<ReadonlyArray<A>> => {
+  const out: Array<ReadonlyArray<A>> = []
+  let i = 0
+  for (const size of CHUNK_SIZES)
+    for (; items.length - i >= size; i += size) out.push(items.slice(i, i + size))
   return out
 }
 
@@ -76,18 +91,10 @@ export const writeBatch = (
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql.withTransaction(
       Effect.gen(function* () {
-        if (sql.onDialectOrElse({ sqlite: () => true, orElse: () => false })) {
-          // SQLite runs in this process: one prepared statement reused per row is far cheaper than
-          // preparing a multi-row INSERT for every batch size (the statement text changes with it).
-          for (const entry of entries) {
-            yield* sql`INSERT INTO usage_records ${sql.insert(usageRow(entry))}`
-            yield* sql`INSERT INTO balance_movements ${sql.insert(chargeRow(entry))}`
-          }
-        } else
-          for (const chunk of chunks(entries, ROWS_PER_STATEMENT)) {
-            yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
-            yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
-          }
+        for (const chunk of chunks(entries)) {
+          yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
+          yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
+        }
         for (const [accountId, total] of totalsByAccount(entries)) {
           yield* sql`UPDATE accounts SET balance_micros = balance_micros - ${total} WHERE id = ${accountId}`
         }
@@ -128,7 +135,7 @@ export const loadAccounts = (
     const sql = yield* SqlClient.SqlClient
     const balances: Array<{ id: string; balance_micros: number | string }> = []
     const spent = new Map<string, number>()
-    const batches = ids === "all" ? [undefined] : chunks(ids, ROWS_PER_STATEMENT)
+    const batches = ids === "all" ? [undefined] : slices(ids, IDS_PER_READ)
     for (const batch of batches) {
       if (batch !== undefined && batch.length === 0) continue
       const where = batch === undefined ? sql`1 = 1` : sql.in("id", batch)
@@ -163,7 +170,7 @@ export const loadKeys = (
       for (const row of rows) spent.set(row.key_id, toNumber(row.spent))
       return spent
     }
-    for (const batch of chunks(ids, ROWS_PER_STATEMENT)) {
+    for (const batch of slices(ids, IDS_PER_READ)) {
       for (const id of batch) spent.set(id, 0)
       const rows = yield* sql<{ key_id: string; spent: number | string }>`
         SELECT key_id, SUM(cost_micros) AS spent FROM usage_records
@@ -180,7 +187,7 @@ export const readBalances = (
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const balances = new Map<string, number>()
-    for (const batch of chunks(ids, ROWS_PER_STATEMENT)) {
+    for (const batch of slices(ids, IDS_PER_READ)) {
       const rows = yield* sql<{ id: string; balance_micros: number | string }>`
         SELECT id, balance_micros FROM accounts WHERE ${sql.in("id", batch)}`
       for (const row of rows) balances.set(row.id, toNumber(row.balance_micros))

@@ -162,7 +162,7 @@ export const launch = (
         reported: false,
         begin: () => undefined,
       }
-      const first = Effect.flatMap(Scope.extend(openOn(slot.entry.node, request), scope), (pull) => {
+      const first = Effect.flatMap(openOn(slot.entry.node, request, scope), (pull) => {
         attempt.pull = pull
         return firstNonEmpty(pull)
       })
@@ -282,7 +282,7 @@ export const complete = (
   const run = Effect.scoped(
     Effect.gen(function* () {
       startedAt = yield* Clock.currentTimeMillis
-      const pull = yield* openOn(entry.node, request)
+      const pull = yield* openOn(entry.node, request, yield* Effect.scope)
       const events: Array<NodeEvent> = []
       const first = yield* firstNonEmpty(pull).pipe(
         within(options.firstTokenTimeoutMillis, () =>

@@ -338,14 +338,14 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     })
 
   /** Sends the request and returns the pull of its events. */
-  const start = (request: NodeRequest): Effect.Effect<NodePull, NodeFailure, Scope.Scope> =>
+  const start = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull, NodeFailure> =>
     Effect.gen(function* () {
       const controller = new AbortController()
       // Set once the body was read to its end: only then may the connection be reused.
       let complete = false
       // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
       yield* Scope.addFinalizer(
-        yield* Effect.scope,
+        scope,
         Effect.sync(() => {
           if (!complete) controller.abort()
         }),
@@ -380,10 +380,10 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     })
 
   /** The first pull sends the request (so the dispatcher's first-token limit covers it). */
-  const open = (request: NodeRequest): Effect.Effect<NodePull, never, Scope.Scope> =>
-    Effect.map(Effect.scope, (scope) => {
+  const open = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull> =>
+    Effect.sync(() => {
       let pull: NodePull | undefined
-      const first: NodePull = Effect.matchEffect(Scope.extend(start(request), scope), {
+      const first: NodePull = Effect.matchEffect(start(request, scope), {
         onFailure: (error) => {
           pull = Effect.fail(Option.some(error))
           return pull

@@ -64,9 +64,11 @@ const PROBES = 8
 /** How long the swarm-wide time-to-first-token percentile is reused. */
 const SWARM_P95_TTL_MILLIS = 1_000
 
-/** The node's answer as a pull held by the current scope. */
-export const openOn = (node: SwarmNode, request: NodeRequest): Effect.Effect<NodePull, never, Scope.Scope> =>
-  node.open !== undefined ? node.open(request) : Stream.toPull(node.generate(request))
+/** The node's answer as a pull held by `scope`. */
+export const openOn = (node: SwarmNode, request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull> =>
+  node.open !== undefined
+    ? node.open(request, scope)
+    : Scope.extend(Stream.toPull(node.generate(request)), scope)
 
 export class NodePool {
   readonly entries = new Map<string, Entry>()

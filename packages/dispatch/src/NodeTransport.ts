@@ -68,11 +68,12 @@ export interface SwarmNode {
   readonly vision: boolean
   readonly generate: (request: NodeRequest) => Stream.Stream<NodeEvent, NodeFailure>
   /**
-   * The same answer as a pull, held by the scope: nothing is sent until the
-   * first pull. Cheaper than running `generate` through a stream; when absent
-   * the dispatcher pulls `generate`.
+   * The same answer as a pull, held by `scope` (given, not provided: no
+   * context change per request): nothing is sent until the first pull.
+   * Cheaper than running `generate` through a stream; when absent the
+   * dispatcher pulls `generate`.
    */
-  readonly open?: ((request: NodeRequest) => Effect.Effect<NodePull, never, Scope.Scope>) | undefined
+  readonly open?: ((request: NodeRequest, scope: Scope.Scope) => Effect.Effect<NodePull>) | undefined
   /** The node fails its own streams after `idleTimeoutMillis` of silence (cheaper than a timer per event). */
   readonly enforcesIdleTimeout?: boolean | undefined
   /** A cheap request that succeeds when the node works; nodes without one are tried with real traffic. */
@@ -81,6 +82,10 @@ export interface SwarmNode {
 
 /** `generate` for a node that implements `open`: the same answer, pulled as a stream. */
 export const generateFromOpen =
-  (open: (request: NodeRequest) => Effect.Effect<NodePull, never, Scope.Scope>) =>
+  (open: (request: NodeRequest, scope: Scope.Scope) => Effect.Effect<NodePull>) =>
   (request: NodeRequest): Stream.Stream<NodeEvent, NodeFailure> =>
-    Stream.unwrapScoped(Effect.map(open(request), Stream.repeatEffectChunkOption))
+    Stream.unwrapScoped(
+      Effect.flatMap(Effect.scope, (scope) =>
+        Effect.map(open(request, scope), Stream.repeatEffectChunkOption),
+      ),
+    )

@@ -3,7 +3,7 @@
  * real ones.
  */
 import { makeSwarm, type SimEvent, type SimNode } from "@swarmgate/swarm-sim"
-import { Chunk, Effect, Option } from "effect"
+import { Chunk, Effect, Option, type Scope } from "effect"
 import {
   generateFromOpen,
   type NodeEvent,
@@ -34,9 +34,9 @@ export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): Swar
     }
   }
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
-  const open = (request: NodeRequest) =>
+  const open = (request: NodeRequest, scope: Scope.Scope) =>
     Effect.map(
-      node.open(input(request), { idleTimeoutMillis: request.idleTimeoutMillis }),
+      node.openIn(input(request), scope, { idleTimeoutMillis: request.idleTimeoutMillis }),
       (pull): NodePull =>
         Effect.mapBoth(pull, {
           onFailure: Option.map((f) => failure(f.reason)),

@@ -51,6 +51,12 @@ export interface SimNode {
     input: GenerationInput,
     options?: SimOpenOptions,
   ) => Effect.Effect<SimPull, never, Scope.Scope>
+  /** `open` held by a given scope (no context change). */
+  readonly openIn: (
+    input: GenerationInput,
+    scope: Scope.Scope,
+    options?: SimOpenOptions,
+  ) => Effect.Effect<SimPull>
   readonly stats: Effect.Effect<SimNodeStats>
 }
 
@@ -190,25 +196,28 @@ export const makeSimNode = (
     })
   }
 
-  const open = (input: GenerationInput, options: SimOpenOptions = {}) =>
-    Effect.map(
-      Effect.flatMap(Effect.scope, (scope) => {
-        started++
-        active++
-        return Scope.addFinalizer(
+  const openIn = (input: GenerationInput, scope: Scope.Scope, options: SimOpenOptions = {}) =>
+    Effect.suspend(() => {
+      started++
+      active++
+      return Effect.as(
+        Scope.addFinalizer(
           scope,
           Effect.sync(() => {
             active--
           }),
-        )
-      }),
-      () => pullOf(plan(input), options.idleTimeoutMillis ?? 0),
-    )
+        ),
+        pullOf(plan(input), options.idleTimeoutMillis ?? 0),
+      )
+    })
+  const open = (input: GenerationInput, options: SimOpenOptions = {}) =>
+    Effect.flatMap(Effect.scope, (scope) => openIn(input, scope, options))
 
   return {
     profile,
     generate: (input) => Stream.unwrapScoped(Effect.map(open(input), Stream.repeatEffectChunkOption)),
     open,
+    openIn,
     stats: Effect.sync(() => ({ started, active, piecesEmitted })),
   }
 }
