@@ -10,12 +10,14 @@ import {
   Cause,
   Chunk,
   Clock,
+  Context,
   Effect,
   Either,
   ExecutionStrategy,
   Exit,
   FiberId,
   Option,
+  Random,
   Runtime,
   Scope,
 } from "effect"
@@ -62,6 +64,42 @@ export const idleLimit = (entry: Entry, idleTimeoutMillis: number) =>
   within(entry.node.enforcesIdleTimeout === true ? 0 : idleTimeoutMillis, () =>
     Option.some(new NodeFailure({ nodeId: entry.node.id, reason: "stalled" })),
   )
+
+// --- the fiber's services, read once ------------------------------------------------------
+
+/** Draws and times a request needs, as plain calls: one read of the fiber's services, not an Effect per use. */
+export interface Sources {
+  readonly scope: Scope.Scope
+  readonly runtime: Runtime.Runtime<never>
+  readonly clock: Clock.Clock
+  /** A uniform draw in [0, 1) from the fiber's `Random` (seeded in tests). */
+  readonly draw: () => number
+  readonly now: () => number
+}
+
+/** Effect's Random has no synchronous draw; its own implementation keeps a PRNG that can be asked directly. */
+const drawFrom = (random: Random.Random): (() => number) => {
+  const prng = (random as unknown as { readonly PRNG?: { number: () => number } }).PRNG
+  return prng !== undefined ? () => prng.number() : () => Effect.runSync(random.next)
+}
+
+export const sources: Effect.Effect<Sources, never, Scope.Scope> = Effect.withFiberRuntime(
+  (fiber, status) => {
+    const services = fiber.currentDefaultServices
+    const clock = Context.get(services, Clock.Clock)
+    return Effect.succeed({
+      scope: Context.unsafeGet(fiber.currentContext, Scope.Scope),
+      runtime: Runtime.make({
+        context: fiber.currentContext as Context.Context<never>,
+        fiberRefs: fiber.getFiberRefs(),
+        runtimeFlags: status.runtimeFlags,
+      }),
+      clock,
+      draw: drawFrom(Context.get(services, Random.Random)),
+      now: () => clock.unsafeCurrentTimeMillis(),
+    })
+  },
+)
 
 // --- the alarm --------------------------------------------------------------------------
 
@@ -199,54 +237,46 @@ export const winner = (
   firstAt: number,
   first: Chunk.Chunk<NodeEvent>,
   idleTimeoutMillis: number,
+  now: () => number,
 ): Effect.Effect<NodePull> => {
   const { slot } = attempt
   let chars = 0
   let failed = false
+  const see = (chunk: Chunk.Chunk<NodeEvent>) => {
+    for (const event of chunk) if (event._tag === "Delta") chars += event.text.length
+  }
+  see(first)
+  const source = attempt.pull ?? ended
+  const limited = idleLimit(slot.entry, idleTimeoutMillis)(source)
+  const next: NodePull = Effect.matchEffect(limited, {
+    onFailure: (error) => {
+      if (Option.isSome(error)) {
+        failed = true
+        slot.entry.health.failure(now(), error.value.reason, slot.trial)
+      }
+      return Effect.fail(error)
+    },
+    onSuccess: (chunk) => {
+      see(chunk)
+      return Effect.succeed(chunk)
+    },
+  })
+  let pending: Chunk.Chunk<NodeEvent> | undefined = first
+  const pull: NodePull = Effect.suspend(() => {
+    if (pending === undefined) return next
+    const chunk = pending
+    pending = undefined
+    return Effect.succeed(chunk)
+  })
   return Effect.as(
     Scope.addFinalizer(
       attempt.scope,
-      Effect.flatMap(Clock.currentTimeMillis, (now) =>
-        Effect.sync(() => {
-          // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.
-          if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now - firstAt)
-        }),
-      ),
+      Effect.sync(() => {
+        // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.
+        if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now() - firstAt)
+      }),
     ),
-    undefined,
-  ).pipe(
-    Effect.map(() => {
-      const source = attempt.pull ?? ended
-      const see = (chunk: Chunk.Chunk<NodeEvent>) => {
-        for (const event of chunk) if (event._tag === "Delta") chars += event.text.length
-      }
-      see(first)
-      const limited = idleLimit(slot.entry, idleTimeoutMillis)(source)
-      const onFailure = (
-        error: Option.Option<NodeFailure>,
-      ): Effect.Effect<never, Option.Option<NodeFailure>> =>
-        Option.isNone(error)
-          ? Effect.fail(error)
-          : Effect.flatMap(Clock.currentTimeMillis, (now) => {
-              failed = true
-              slot.entry.health.failure(now, error.value.reason, slot.trial)
-              return Effect.fail(error)
-            })
-      const next: NodePull = Effect.matchEffect(limited, {
-        onFailure,
-        onSuccess: (chunk) => {
-          see(chunk)
-          return Effect.succeed(chunk)
-        },
-      })
-      let pending: Chunk.Chunk<NodeEvent> | undefined = first
-      return Effect.suspend(() => {
-        if (pending === undefined) return next
-        const chunk = pending
-        pending = undefined
-        return Effect.succeed(chunk)
-      })
-    }),
+    pull,
   )
 }
 

@@ -341,10 +341,24 @@ export class NodePool {
     vision: boolean,
     waitMillis: number,
     take: (slot: Slot) => Effect.Effect<A>,
+    sources?: { readonly draw: () => number; readonly now: () => number },
   ): Effect.Effect<A | undefined> {
     const self = this
+    const tryClaim =
+      sources === undefined
+        ? this.tryClaim(presetId, exclude, vision)
+        : Effect.sync(() =>
+            this.claimNow(
+              this.serving(presetId),
+              exclude,
+              vision,
+              sources.draw(),
+              sources.draw(),
+              sources.now(),
+            ),
+          )
     const attempt = Effect.uninterruptible(
-      Effect.flatMap(this.tryClaim(presetId, exclude, vision), (slot) =>
+      Effect.flatMap(tryClaim, (slot) =>
         slot === undefined ? Effect.succeed(undefined) : Effect.map(take(slot), (value) => ({ value })),
       ),
     )

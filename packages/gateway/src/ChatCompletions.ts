@@ -200,16 +200,14 @@ export const respond = (
     }
 
     // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
-    const cleanup = Effect.flatMap(Effect.scope, (scope) =>
-      Scope.addFinalizer(
-        scope,
-        Effect.sync(() => {
-          cancelDeadline()
-          offHalt?.()
-          offKeepAlive?.()
-          if (stopped !== undefined) writeStopped(stopped)
-        }),
-      ),
+    const cleanup = Scope.addFinalizer(
+      Context.unsafeGet(context, Scope.Scope),
+      Effect.sync(() => {
+        cancelDeadline()
+        offHalt?.()
+        offKeepAlive?.()
+        if (stopped !== undefined) writeStopped(stopped)
+      }),
     )
 
     const answer = Effect.gen(function* () {

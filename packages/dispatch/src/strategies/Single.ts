@@ -11,7 +11,7 @@
  * race, timeout or fork-join per request.
  */
 import { type CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { type Chunk, Clock, Effect, type Exit, type Option, Scope } from "effect"
+import { type Chunk, Effect, type Exit, type Option, Scope } from "effect"
 import {
   type Attempt,
   alarmOn,
@@ -20,6 +20,7 @@ import {
   ended,
   launch,
   modelRequest,
+  sources,
   timedOut,
   winner,
 } from "../Attempt"
@@ -52,9 +53,9 @@ export const single = (
   Effect.gen(function* () {
     const { pool } = ctx
     const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
-    const parent = yield* Effect.scope
-    const runtime = yield* Effect.runtime<never>()
-    const alarm = alarmOn(runtime, yield* Effect.clock)
+    const fiber = yield* sources
+    const { scope: parent, runtime, now: clockNow } = fiber
+    const alarm = alarmOn(runtime, fiber.clock)
     // Images go only to nodes that can see them.
     const vision = request.messages.some((m) => m.images.length > 0)
     const tried = new Set<string>()
@@ -86,7 +87,7 @@ export const single = (
     let hedged = false
     let hedgeAt: number | undefined
     let alarmAt: number | undefined
-    let cancelAlarm = () => undefined as void
+    let cancelAlarm: () => void = () => undefined
     const stopAlarm = () => {
       cancelAlarm()
       alarmAt = undefined
@@ -118,10 +119,15 @@ export const single = (
     )
 
     const start = (waitMillis: number) =>
-      pool.claim(preset.id, tried, vision, waitMillis, (slot) => {
-        tried.add(slot.entry.node.id)
-        return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-          Effect.map(
+      pool.claim(
+        preset.id,
+        tried,
+        vision,
+        waitMillis,
+        (slot) => {
+          tried.add(slot.entry.node.id)
+          const now = clockNow()
+          return Effect.map(
             launch(
               pool,
               parent,
@@ -141,9 +147,10 @@ export const single = (
               attempt.begin()
               return attempt
             },
-          ),
-        )
-      })
+          )
+        },
+        fiber,
+      )
 
     /** An attempt that failed before its first token: noted, freed; the next one starts if attempts remain. */
     const failed = (attempt: Attempt, failure: NodeFailure, at: number) =>
@@ -159,7 +166,7 @@ export const single = (
 
     while (true) {
       const next = yield* nextReport
-      const at = yield* Clock.currentTimeMillis
+      const at = clockNow()
 
       if (next._tag === "Alarm") {
         // Reports due at the same instant as the alarm (a test clock's tie) go first.
@@ -206,7 +213,7 @@ export const single = (
           }
           return runOf(
             attempt.slot.entry.node.id,
-            yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis),
+            yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis, clockNow),
           )
         }
         yield* failed(attempt, outcome.failure, at)
