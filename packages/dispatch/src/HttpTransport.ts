@@ -9,6 +9,7 @@
  * the node stops generating; a stream read to its end leaves the connection
  * for the next request.
  */
+import { EventEmitter } from "node:events"
 import type { Readable } from "node:stream"
 import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Option, Scope, Stream } from "effect"
@@ -23,6 +24,7 @@ import {
   type NodeRequest,
   type SwarmNode,
 } from "./NodeTransport"
+import * as Timers from "./Timers"
 
 export interface HttpNodeOptions {
   readonly id: string
@@ -302,28 +304,30 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
 
   /** Sends the request; the response head must come within the connect timeout. */
-  const send = (request: NodeRequest, controller: AbortController) =>
+  const send = (request: NodeRequest, abort: EventEmitter) =>
     Effect.async<Dispatcher.ResponseData, NodeFailure>((resume) => {
       let timedOut = false
-      const timer = setTimeout(() => {
+      // One shared deadline list for every node request's response head.
+      const cancelTimer = Timers.deadline(connectTimeoutMillis, () => {
         timedOut = true
-        controller.abort()
-      }, connectTimeoutMillis)
+        abort.emit("abort")
+      })
       httpRequest(endpoint, {
         method: "POST",
         headers: { ...headers, "x-request-id": request.requestId },
         body: JSON.stringify(requestBody(request)),
-        signal: controller.signal,
+        // undici takes an emitter as its signal: lighter than an AbortController per request.
+        signal: abort,
         // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
         bodyTimeout: 0,
         headersTimeout: 0,
       }).then(
         (response) => {
-          clearTimeout(timer)
+          cancelTimer()
           resume(Effect.succeed(response))
         },
         (error: unknown) => {
-          clearTimeout(timer)
+          cancelTimer()
           resume(
             Effect.fail(
               failure(
@@ -340,17 +344,17 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   /** Sends the request and returns the pull of its events. */
   const start = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull, NodeFailure> =>
     Effect.gen(function* () {
-      const controller = new AbortController()
+      const abort = new EventEmitter()
       // Set once the body was read to its end: only then may the connection be reused.
       let complete = false
       // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
       yield* Scope.addFinalizer(
         scope,
         Effect.sync(() => {
-          if (!complete) controller.abort()
+          if (!complete) abort.emit("abort")
         }),
       )
-      const response = yield* send(request, controller)
+      const response = yield* send(request, abort)
       const body = response.body as unknown as Readable
       if (response.statusCode < 200 || response.statusCode > 299) {
         const { text } = yield* Effect.promise(() => readPrefix(body, MAX_ERROR_BODY))

@@ -5,7 +5,7 @@
  * started they become its last event (spec §6).
  */
 import type { ServerResponse } from "node:http"
-import { Dispatcher, type NodeFailure, type NodePull } from "@swarmgate/dispatch"
+import { Dispatcher, type NodeFailure, type NodePull, Timers } from "@swarmgate/dispatch"
 import {
   type CapacityExhausted,
   type FinishReason,
@@ -19,7 +19,6 @@ import {
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import { Context, Effect, Either, FiberId, Option, Scope } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
-import * as Timers from "./internal/Timers"
 import type { NormalizedRequest } from "./RequestPolicy"
 
 /** What ran, for usage records and billing: set as the request goes. */

@@ -10,7 +10,7 @@ import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
 import type { Billing as BillingService } from "@swarmgate/billing"
-import { Dispatcher } from "@swarmgate/dispatch"
+import { Dispatcher, Timers } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
   type ApiError,
@@ -142,7 +142,7 @@ const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: n
     const chunks: Array<Buffer> = []
     let size = 0
     const cleanup = () => {
-      clearTimeout(timer)
+      cancelTimer()
       req.off("data", onData)
       req.off("end", onEnd)
     }
@@ -160,7 +160,9 @@ const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: n
       cleanup()
       resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
     }
-    const timer = setTimeout(
+    // One shared list for every body's deadline, counted from the request's arrival.
+    const cancelTimer = Timers.deadline(
+      config.bodyTimeoutMillis,
       () => {
         cleanup()
         req.pause()
@@ -172,7 +174,7 @@ const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: n
           ),
         )
       },
-      Math.max(0, config.bodyTimeoutMillis - (Date.now() - startedAt)),
+      startedAt,
     )
     req.on("data", onData)
     req.on("end", onEnd)

@@ -54,14 +54,18 @@ class Lane {
 
 const lanes = new Map<number, Lane>()
 
-/** Calls `fire` once `millis` have passed, unless the returned cancel came first. */
-export const deadline = (millis: number, fire: () => void): (() => void) => {
+/**
+ * Calls `fire` once `millis` have passed since `from` (default now), unless
+ * the returned cancel came first. Deadlines of one `millis` share a list: give
+ * `from` in the order the deadlines are set (a request's arrival time is).
+ */
+export const deadline = (millis: number, fire: () => void, from: number = Date.now()): (() => void) => {
   let lane = lanes.get(millis)
   if (lane === undefined) {
     lane = new Lane()
     lanes.set(millis, lane)
   }
-  const entry: Deadline = { at: Date.now() + millis, fire, cancelled: false }
+  const entry: Deadline = { at: from + millis, fire, cancelled: false }
   lane.add(entry)
   return () => {
     entry.cancelled = true
