@@ -50,6 +50,13 @@ class CappedText {
   constructor(readonly cap: number) {}
   add(delta: string): string {
     if (this.capped || delta.length === 0) return ""
+    // A token is at least one UTF-8 byte, at most 3 per UTF-16 unit: while the text cannot reach the cap
+    // by that bound, nothing needs counting (the answer is counted once, at the end).
+    if (this.tokens === 0 && 3 * (this.text.length + delta.length) <= this.cap) {
+      this.text += delta
+      return delta
+    }
+    if (this.tokens === 0 && this.text.length > 0) this.tokens = Tokens.count(this.text)
     // Bounded by what may still be sent: a huge delta from a node costs no more than the cap.
     const n = Tokens.count(delta, this.cap - this.tokens)
     if (this.tokens + n <= this.cap) {
@@ -98,7 +105,6 @@ const finishOf = (text: CappedText, node: "stop" | "length" | undefined): Finish
 const runEvents = (
   pull: NodePull,
   text: CappedText,
-  outcome: Outcome,
   onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) =>
   Effect.gen(function* () {
@@ -119,8 +125,6 @@ const runEvents = (
         if (allowed.length > 0) deltas.push(allowed)
         if (text.capped) break
       }
-      // Kept current as it goes: a disconnect settles what ran, whenever it cuts in.
-      outcome.completionTokens = text.tokens
       if (deltas.length > 0 && onText !== undefined) yield* onText(deltas)
     }
     return finishOf(text, nodeFinish)
@@ -206,6 +210,9 @@ export const respond = (
         offHalt?.()
         offKeepAlive?.()
         if (stopped !== undefined) writeStopped(stopped)
+        // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
+        else if (outcome.started && outcome.status === "pending")
+          outcome.completionTokens = Tokens.count(text.text)
       }),
     )
 
@@ -223,7 +230,7 @@ export const respond = (
       // The drain may end a running answer; a request not yet started is the drain's own to refuse.
       if (hooks.onHalt !== undefined) offHalt = hooks.onHalt(() => stop("halted"))
       if (!request.stream) {
-        const finish = yield* runEvents(run.pull, text, outcome, undefined)
+        const finish = yield* runEvents(run.pull, text, undefined)
         outcome.finishReason = finish
         const completionTokens = Tokens.count(text.text)
         outcome.completionTokens = completionTokens
@@ -260,7 +267,7 @@ export const respond = (
 
       yield* send(chunk('{"role":"assistant","content":""}', "null"))
       const finished = yield* Effect.either(
-        runEvents(run.pull, text, outcome, (deltas) => {
+        runEvents(run.pull, text, (deltas) => {
           let data = ""
           for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
           return send(data)

@@ -26,7 +26,10 @@ export interface NodeRun {
 export const runOf = (nodeId: string, pull: NodePull): NodeRun => ({
   nodeId,
   pull,
-  events: Stream.repeatEffectChunkOption(pull),
+  // Built on first use: the gateway reads `pull`, and a stream per request is garbage for nothing.
+  get events() {
+    return Stream.repeatEffectChunkOption(pull)
+  },
 })
 
 export interface ConsensusTrace {
