@@ -180,27 +180,34 @@ export const launch = (
   startedAt: number,
   report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
 ): Effect.Effect<Attempt> =>
-  Effect.flatMap(Scope.fork(parent, ExecutionStrategy.sequential), (scope) =>
-    // Released when the attempt's scope closes, after the node stream's own finalizers.
-    Effect.as(
-      Scope.addFinalizer(
-        scope,
-        Effect.sync(() => pool.release(slot)),
-      ),
+  Effect.flatMap(Scope.fork(parent, ExecutionStrategy.sequential), (scope) => {
+    const attempt: Attempt = {
+      slot,
       scope,
-    ),
-  ).pipe(
-    Effect.map((scope) => {
-      const attempt: Attempt = {
-        slot,
-        scope,
-        startedAt,
-        pull: undefined,
-        cancel: () => undefined,
-        reported: false,
-        begin: () => undefined,
+      startedAt,
+      pull: undefined,
+      cancel: () => undefined,
+      reported: false,
+      begin: () => undefined,
+    }
+    const deliver = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+      if (attempt.reported) return
+      attempt.reported = true
+      report(attempt, exit)
+    }
+    const node = slot.entry.node
+    let stopNode: (() => void) | undefined
+    if (node.begin !== undefined) {
+      // The node reports by callback: no fiber for the attempt at all.
+      const begin = node.begin
+      attempt.begin = () => {
+        const started = begin(request, deliver)
+        attempt.pull = started.pull
+        attempt.cancel = started.stop
+        stopNode = started.stop
       }
-      const first = Effect.flatMap(openOn(slot.entry.node, request, scope), (pull) => {
+    } else {
+      const first = Effect.flatMap(openOn(node, request, scope), (pull) => {
         attempt.pull = pull
         return firstNonEmpty(pull)
       })
@@ -209,15 +216,21 @@ export const launch = (
         attempt.cancel = () => {
           if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
         }
-        fiber.addObserver((exit) => {
-          if (attempt.reported) return
-          attempt.reported = true
-          report(attempt, exit)
-        })
+        fiber.addObserver(deliver)
       }
-      return attempt
-    }),
-  )
+    }
+    // One finalizer when the attempt's scope closes: the node stopped (unless it finished), the slot freed.
+    return Effect.as(
+      Scope.addFinalizer(
+        scope,
+        Effect.sync(() => {
+          stopNode?.()
+          pool.release(slot)
+        }),
+      ),
+      attempt,
+    )
+  })
 
 /** Ends an attempt that lost or failed: its first pull stopped, its node stream and slot freed. */
 export const close = (attempt: Attempt): Effect.Effect<void> =>

@@ -12,8 +12,8 @@
 import { EventEmitter } from "node:events"
 import type { Readable } from "node:stream"
 import { SseDecoder } from "@swarmgate/sse"
-import { Chunk, Duration, Effect, Option, Scope, Stream } from "effect"
-import { type Dispatcher, request as httpRequest } from "undici"
+import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
+import { request as httpRequest } from "undici"
 import type { NodeSpec } from "./NodesFile"
 import {
   generateFromOpen,
@@ -22,6 +22,7 @@ import {
   type NodeMessage,
   type NodePull,
   type NodeRequest,
+  type NodeStart,
   type SwarmNode,
 } from "./NodeTransport"
 import * as Timers from "./Timers"
@@ -115,15 +116,7 @@ interface ChoiceChunk {
 
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
-/** A pull that returns `events` once, then ends. */
-const once = (events: Array<NodeEvent>): NodePull => {
-  let given = false
-  return Effect.suspend(() => {
-    if (given) return Effect.fail(Option.none())
-    given = true
-    return Effect.succeed(Chunk.unsafeFromArray(events))
-  })
-}
+const ended: NodePull = Effect.fail(Option.none())
 
 /** Reads at most `limit` bytes of a body, then drops the rest (the connection is not reused). */
 const readPrefix = (
@@ -244,8 +237,11 @@ class EventReader {
     wake?.()
   }
 
-  /** What is ready: events first (the deltas before a failure still count), then the failure, then the end. */
-  private ready(): Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined {
+  /**
+   * What is ready: events first (the deltas before a failure still count),
+   * then the failure, then the end. An `Exit`, which is an Effect too.
+   */
+  private ready(): Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined {
     if (this.pending.length > 0) {
       const events = this.pending
       this.pending = []
@@ -254,11 +250,45 @@ class EventReader {
         this.paused = false
         this.body.resume()
       }
-      return Effect.succeed(Chunk.unsafeFromArray(events))
+      return Exit.succeed(Chunk.unsafeFromArray(events))
     }
-    if (this.failure !== undefined) return Effect.fail(Option.some(this.failure))
-    if (this.over) return Effect.fail(Option.none())
+    if (this.failure !== undefined) return Exit.fail(Option.some(this.failure))
+    if (this.over) return Exit.fail(Option.none())
     return undefined
+  }
+
+  /**
+   * Calls `done` once with the first thing ready (as `pull` would return it),
+   * by callback: no fiber waits for a node's first events. Returns the cancel.
+   */
+  next(done: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void): () => void {
+    const now = this.ready()
+    if (now !== undefined) {
+      done(now)
+      return () => undefined
+    }
+    const cancelIdle =
+      this.idleMillis > 0
+        ? Timers.deadline(this.idleMillis, () => {
+            this.wake = undefined
+            this.failure ??= this.fail("stalled")
+            done(Exit.fail(Option.some(this.failure)))
+          })
+        : () => undefined
+    const wake = () => {
+      const next = this.ready()
+      if (next === undefined) {
+        this.wake = wake
+        return
+      }
+      cancelIdle()
+      done(next)
+    }
+    this.wake = wake
+    return () => {
+      cancelIdle()
+      if (this.wake === wake) this.wake = undefined
+    }
   }
 
   readonly pull: Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> = Effect.suspend(
@@ -303,102 +333,121 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   if (options.apiKey !== undefined) headers.authorization = `Bearer ${options.apiKey}`
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
 
-  /** Sends the request; the response head must come within the connect timeout. */
-  const send = (request: NodeRequest, abort: EventEmitter) =>
-    Effect.async<Dispatcher.ResponseData, NodeFailure>((resume) => {
-      let timedOut = false
-      // One shared deadline list for every node request's response head.
-      const cancelTimer = Timers.deadline(connectTimeoutMillis, () => {
-        timedOut = true
-        abort.emit("abort")
-      })
-      httpRequest(endpoint, {
-        method: "POST",
-        headers: { ...headers, "x-request-id": request.requestId },
-        body: JSON.stringify(requestBody(request)),
-        // undici takes an emitter as its signal: lighter than an AbortController per request.
-        signal: abort,
-        // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
-        bodyTimeout: 0,
-        headersTimeout: 0,
-      }).then(
-        (response) => {
-          cancelTimer()
-          resume(Effect.succeed(response))
-        },
-        (error: unknown) => {
-          cancelTimer()
-          resume(
-            Effect.fail(
-              failure(
-                timedOut
-                  ? `timeout: no response within ${connectTimeoutMillis} ms`
-                  : `unreachable: ${describe(error)}`,
-              ),
-            ),
+  /**
+   * Sends the request and reports the first events (or the failure) to
+   * `onFirst`, all by callback: the dispatcher's attempt needs no fiber. The
+   * response head must come within the connect timeout.
+   */
+  const begin = (
+    request: NodeRequest,
+    onFirst: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+  ): NodeStart => {
+    const abort = new EventEmitter()
+    // Set once the body was read to its end: only then may the connection be reused.
+    let complete = false
+    let stopped = false
+    let timedOut = false
+    let rest: NodePull = ended
+    let cancelWait = () => undefined as unknown
+    const first = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+      if (Exit.isFailure(exit)) rest = exit
+      if (!stopped) onFirst(exit)
+    }
+    const failed = (reason: string) => first(Exit.fail(Option.some(failure(reason))))
+    // One shared deadline list for every node request's response head.
+    const cancelTimer = Timers.deadline(connectTimeoutMillis, () => {
+      timedOut = true
+      abort.emit("abort")
+    })
+    httpRequest(endpoint, {
+      method: "POST",
+      headers: { ...headers, "x-request-id": request.requestId },
+      body: JSON.stringify(requestBody(request)),
+      // undici takes an emitter as its signal: lighter than an AbortController per request.
+      signal: abort,
+      // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
+      bodyTimeout: 0,
+      headersTimeout: 0,
+    }).then(
+      (response) => {
+        cancelTimer()
+        const body = response.body as unknown as Readable
+        if (response.statusCode < 200 || response.statusCode > 299) {
+          readPrefix(body, MAX_ERROR_BODY).then(({ text }) =>
+            failed(`http_${response.statusCode}: ${text.slice(0, MAX_ERROR_BODY)}`),
           )
-        },
-      )
-    })
-
-  /** Sends the request and returns the pull of its events. */
-  const start = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull, NodeFailure> =>
-    Effect.gen(function* () {
-      const abort = new EventEmitter()
-      // Set once the body was read to its end: only then may the connection be reused.
-      let complete = false
-      // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
-      yield* Scope.addFinalizer(
-        scope,
-        Effect.sync(() => {
-          if (!complete) abort.emit("abort")
-        }),
-      )
-      const response = yield* send(request, abort)
-      const body = response.body as unknown as Readable
-      if (response.statusCode < 200 || response.statusCode > 299) {
-        const { text } = yield* Effect.promise(() => readPrefix(body, MAX_ERROR_BODY))
-        return yield* Effect.fail(failure(`http_${response.statusCode}: ${text.slice(0, MAX_ERROR_BODY)}`))
-      }
-      const type = String(response.headers["content-type"] ?? "")
-      if (!type.includes("text/event-stream")) {
-        // A server that ignored `stream: true` and answered with one JSON body.
-        const { text, whole } = yield* Effect.promise(() => readPrefix(body, MAX_JSON_BODY_BYTES))
-        if (!whole) return yield* Effect.fail(failure("bad_body: the answer is too large or broke off"))
-        complete = true
-        let parsed: ChoiceChunk
-        try {
-          parsed = JSON.parse(text) as ChoiceChunk
-        } catch (error) {
-          return yield* Effect.fail(failure(`bad_body: ${describe(error)}`))
+          return
         }
-        const choice = parsed.choices?.[0]
-        const content = choice?.message?.content ?? ""
-        const finish: NodeEvent = { _tag: "Finish", reason: finishOf(choice?.finish_reason ?? "stop") }
-        return once(content.length > 0 ? [{ _tag: "Delta", text: content }, finish] : [finish])
-      }
-      const reader = new EventReader(body, failure, request.idleTimeoutMillis ?? 0, () => {
-        complete = true
-      })
-      return reader.pull
-    })
+        const type = String(response.headers["content-type"] ?? "")
+        if (!type.includes("text/event-stream")) {
+          // A server that ignored `stream: true` and answered with one JSON body.
+          readPrefix(body, MAX_JSON_BODY_BYTES).then(({ text, whole }) => {
+            if (!whole) return failed("bad_body: the answer is too large or broke off")
+            complete = true
+            let parsed: ChoiceChunk
+            try {
+              parsed = JSON.parse(text) as ChoiceChunk
+            } catch (error) {
+              return failed(`bad_body: ${describe(error)}`)
+            }
+            const choice = parsed.choices?.[0]
+            const content = choice?.message?.content ?? ""
+            const finish: NodeEvent = { _tag: "Finish", reason: finishOf(choice?.finish_reason ?? "stop") }
+            first(
+              Exit.succeed(
+                Chunk.unsafeFromArray(
+                  content.length > 0 ? [{ _tag: "Delta", text: content }, finish] : [finish],
+                ),
+              ),
+            )
+          })
+          return
+        }
+        const reader = new EventReader(body, failure, request.idleTimeoutMillis ?? 0, () => {
+          complete = true
+        })
+        rest = reader.pull
+        cancelWait = reader.next(first)
+      },
+      (error: unknown) => {
+        cancelTimer()
+        failed(
+          timedOut
+            ? `timeout: no response within ${connectTimeoutMillis} ms`
+            : `unreachable: ${describe(error)}`,
+        )
+      },
+    )
+    return {
+      pull: Effect.suspend(() => rest),
+      stop: () => {
+        if (stopped) return
+        stopped = true
+        cancelTimer()
+        cancelWait()
+        if (!complete) abort.emit("abort")
+      },
+    }
+  }
 
   /** The first pull sends the request (so the dispatcher's first-token limit covers it). */
-  const open = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull> =>
-    Effect.sync(() => {
-      let pull: NodePull | undefined
-      const first: NodePull = Effect.matchEffect(start(request, scope), {
-        onFailure: (error) => {
-          pull = Effect.fail(Option.some(error))
-          return pull
-        },
-        onSuccess: (started) => {
-          pull = started
-          return started
-        },
-      })
-      return Effect.suspend(() => pull ?? first)
-    })
+  const open = (request: NodeRequest, scope: Scope.Scope): Effect.Effect<NodePull> => {
+    let started: NodeStart | undefined
+    const pull: NodePull = Effect.suspend(() =>
+      started !== undefined
+        ? started.pull
+        : Effect.async<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>((resume) => {
+            started = begin(request, resume)
+          }),
+    )
+    return Effect.as(
+      Scope.addFinalizer(
+        scope,
+        Effect.sync(() => started?.stop()),
+      ),
+      pull,
+    )
+  }
 
   const generate = generateFromOpen(open)
 
@@ -422,6 +471,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   return {
     id,
     url: options.url,
+    begin,
     capacity: options.capacity,
     models: options.models,
     vision: options.vision ?? false,

@@ -2,7 +2,7 @@
  * What the dispatcher needs from a node, whatever carries it: the embedded
  * simulator or an OpenAI-compatible HTTP server.
  */
-import { type Chunk, Data, Effect, type Option, type Scope, Stream } from "effect"
+import { type Chunk, Data, Effect, type Exit, type Option, type Scope, Stream } from "effect"
 
 export interface Sampling {
   readonly temperature?: number | undefined
@@ -58,6 +58,14 @@ export class NodeFailure extends Data.TaggedError("NodeFailure")<{
   readonly reason: string
 }> {}
 
+/** An answer started by `SwarmNode.begin`. */
+export interface NodeStart {
+  /** The events after the first ones reported. */
+  readonly pull: NodePull
+  /** Ends the answer: aborts the node unless it already finished. Idempotent. */
+  readonly stop: () => void
+}
+
 export interface SwarmNode {
   readonly id: string
   /** Where an HTTP node lives; absent for in-process nodes. */
@@ -74,6 +82,18 @@ export interface SwarmNode {
    * dispatcher pulls `generate`.
    */
   readonly open?: ((request: NodeRequest, scope: Scope.Scope) => Effect.Effect<NodePull>) | undefined
+  /**
+   * Starts the answer at once and reports its first events (or its failure
+   * before them) to `onFirst`, by callback: what the dispatcher uses when a
+   * node has it, so an attempt costs no fiber. `stop` ends the answer
+   * (idempotent); after `onFirst`, `pull` gives the rest.
+   */
+  readonly begin?:
+    | ((
+        request: NodeRequest,
+        onFirst: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+      ) => NodeStart)
+    | undefined
   /** The node fails its own streams after `idleTimeoutMillis` of silence (cheaper than a timer per event). */
   readonly enforcesIdleTimeout?: boolean | undefined
   /** A cheap request that succeeds when the node works; nodes without one are tried with real traffic. */
