@@ -16,7 +16,7 @@ import {
   InsufficientQuota,
   PaymentHold,
 } from "@swarmgate/protocol"
-import { Clock, Config, type ConfigError, Context, Data, Effect, Layer, type Scope } from "effect"
+import { Clock, Config, type ConfigError, Context, Data, Effect, Either, Layer, type Scope } from "effect"
 import { Book, type Hold, type HoldRequest, type Refusal, startOfUtcMonth } from "./internal/Book"
 import * as LedgerWriter from "./internal/LedgerWriter"
 import * as Ledger from "./Ledger"
@@ -66,6 +66,20 @@ export interface BillingShape {
   readonly settle: (requestId: string, settlement: Settlement) => Effect.Effect<Ledger.UsageEntry | undefined>
   /** Drops the hold without a charge or a record (refused before generation). */
   readonly void: (requestId: string) => Effect.Effect<boolean>
+  /**
+   * `reserve` as one plain call where the book can decide at once (in memory,
+   * account and key loaded, no balance re-read due); `undefined` when only
+   * `reserve` can decide. Absent on books that never decide synchronously.
+   */
+  readonly reserveNow?:
+    | ((input: ReserveInput, now: number) => Either.Either<Hold, ReserveRefusal> | undefined)
+    | undefined
+  /** `settle` as one plain call (`now` from the caller's clock). */
+  readonly settleNow?:
+    | ((requestId: string, settlement: Settlement, now: number) => Ledger.UsageEntry | undefined)
+    | undefined
+  /** `void` as one plain call. */
+  readonly voidNow?: ((requestId: string) => boolean) | undefined
   /** Voids the holds past their expiry now (also done every `sweepMillis`); returns how many. */
   readonly expire: Effect.Effect<number>
   /** Re-reads committed balances after credits made elsewhere (admin API, CLI). */
@@ -228,6 +242,38 @@ export const make = (
         return result
       })
 
+    const reserveNow = (
+      input: ReserveInput,
+      now: number,
+    ): Either.Either<Hold, ReserveRefusal> | undefined => {
+      const account = book.accounts.get(input.accountId)
+      if (account === undefined || !book.keys.has(input.keyId)) return undefined
+      const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
+      const result = book.reserve(input, amount, now, input.ttlMillis)
+      if (typeof result !== "string") return Either.right(result)
+      // A refusal that a balance re-read might lift goes the Effect way (it reads SQL).
+      if (
+        (result === "insufficient_balance" || result === "payment_hold") &&
+        now - account.checkedAt >= refreshMillis
+      )
+        return undefined
+      return Either.left(refusalError(result))
+    }
+
+    const settleNow = (
+      requestId: string,
+      settlement: Settlement,
+      now: number,
+    ): Ledger.UsageEntry | undefined => {
+      const hold = book.holds.get(requestId)
+      if (hold === undefined) return undefined
+      const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
+      const charge = book.settle(requestId, cost, now)!
+      const entry = LedgerWriter.usageEntry(hold, settlement, charge.chargedMicros, now)
+      enqueue(entry)
+      return entry
+    }
+
     const enqueue = (entry: Ledger.UsageEntry) => {
       queue.push(entry)
       if (queue.length === 1) wake.unsafeOpen()
@@ -235,17 +281,7 @@ export const make = (
     }
 
     const settle = (requestId: string, settlement: Settlement) =>
-      Effect.uninterruptible(
-        Effect.map(Clock.currentTimeMillis, (now) => {
-          const hold = book.holds.get(requestId)
-          if (hold === undefined) return undefined
-          const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
-          const charge = book.settle(requestId, cost, now)!
-          const entry = LedgerWriter.usageEntry(hold, settlement, charge.chargedMicros, now)
-          enqueue(entry)
-          return entry
-        }),
-      )
+      Effect.map(Clock.currentTimeMillis, (now) => settleNow(requestId, settlement, now))
 
     const voidHold = (requestId: string) => Effect.sync(() => book.void(requestId) !== undefined)
 
@@ -343,6 +379,9 @@ export const make = (
       reserve,
       settle,
       void: voidHold,
+      reserveNow,
+      settleNow,
+      voidNow: (requestId) => book.void(requestId) !== undefined,
       expire,
       refresh: (accountIds) => {
         const loaded = accountIds.filter((id) => book.accounts.has(id))

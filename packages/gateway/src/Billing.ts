@@ -7,7 +7,7 @@
 import type { Principal } from "@swarmgate/auth"
 import { Billing, type Ledger } from "@swarmgate/billing"
 import { AdmissionUnavailable } from "@swarmgate/protocol"
-import { Cause, Effect, Exit, Option, Scope } from "effect"
+import { Cause, Clock, Context, Effect, Either, Exit, Option, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
 import type { NormalizedRequest } from "./RequestPolicy"
 
@@ -85,6 +85,8 @@ export const reserve = (
 /**
  * Reserves the request's worst case for `principal`, and in the scope's
  * release settles it from `outcome` (read when the scope closes) or voids it.
+ * A book that decides at once (in memory) is used by plain calls: one
+ * finalizer, no Effect work for the money.
  */
 export const hold = (
   principal: Principal,
@@ -97,15 +99,38 @@ export const hold = (
   Billing.ReserveRefusal | AdmissionUnavailable,
   Billing.Billing | Scope.Scope
 > =>
-  Effect.flatMap(Billing.Billing, (billing) =>
-    Effect.flatMap(Effect.scope, (scope) =>
-      // Scope.addFinalizerExit, not acquireRelease: no fiber-ref diff and patch per request.
-      Effect.uninterruptible(
-        Effect.tap(reserve(billing, reserveInput(principal, requestId, request)), () =>
+  Effect.withFiberRuntime((fiber) => {
+    const context = fiber.currentContext
+    const billing = Context.unsafeGet(context, Billing.Billing)
+    const scope = Context.unsafeGet(context, Scope.Scope)
+    const input = reserveInput(principal, requestId, request)
+    const { reserveNow, settleNow, voidNow } = billing
+    if (reserveNow !== undefined && settleNow !== undefined && voidNow !== undefined) {
+      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+      const now = reserveNow(input, clock.unsafeCurrentTimeMillis())
+      if (now !== undefined) {
+        if (Either.isLeft(now)) return Effect.fail(now.left)
+        // Scope.addFinalizerExit, not acquireRelease: no fiber-ref diff and patch per request.
+        return Effect.as(
           Scope.addFinalizerExit(scope, (exit) =>
-            settleOutcome(billing, requestId, outcome, exit, onSettled),
+            Effect.sync(() => {
+              const ended = usageOutcome(outcome, exit)
+              if (ended === "void") {
+                voidNow(requestId)
+                return
+              }
+              const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+              const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
+              onSettled?.(settlement, entry)
+            }),
           ),
-        ),
+          now.right,
+        )
+      }
+    }
+    return Effect.uninterruptible(
+      Effect.tap(reserve(billing, input), () =>
+        Scope.addFinalizerExit(scope, (exit) => settleOutcome(billing, requestId, outcome, exit, onSettled)),
       ),
-    ),
-  )
+    )
+  })

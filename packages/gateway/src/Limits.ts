@@ -10,7 +10,7 @@ import type { Account, Principal } from "@swarmgate/auth"
 import { Dispatcher } from "@swarmgate/dispatch"
 import type { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
 import { Quota } from "@swarmgate/quota"
-import { Config, ConfigError, Context, Effect, Either, Layer, Option, Redacted, Scope } from "effect"
+import { Clock, Config, ConfigError, Context, Effect, Either, Layer, Option, Redacted, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
 
 // --- configuration ----------------------------------------------------------------
@@ -132,6 +132,24 @@ export const limitsFor = (account: Account, config: LimitsConfigShape): Quota.Li
   }
 }
 
+/**
+ * `limitsFor`, once per account record and configuration: the key cache hands
+ * out the same account object until it changes, so the limits (and what the
+ * quota service derives from them) are built once, not per request.
+ */
+const limitsCache = new WeakMap<
+  Account,
+  { readonly config: LimitsConfigShape; readonly limits: Quota.Limits }
+>()
+
+export const cachedLimitsFor = (account: Account, config: LimitsConfigShape): Quota.Limits => {
+  const hit = limitsCache.get(account)
+  if (hit !== undefined && hit.config === config) return hit.limits
+  const limits = limitsFor(account, config)
+  limitsCache.set(account, { config, limits })
+  return limits
+}
+
 // --- headers ------------------------------------------------------------------------
 
 /** OpenAI's duration style: `17ms`, `1s`, `1.5s`, `6m0s`, `1h0m0s`. */
@@ -178,14 +196,48 @@ export const admit = (
   RateLimitExceeded | ConcurrencyLimitExceeded | AdmissionUnavailable,
   Quota.Quota | LimitsConfig | Scope.Scope
 > =>
-  Effect.gen(function* () {
-    const config = yield* LimitsConfig
-    const quota = yield* Quota.Quota
-    const admission = yield* quota.admit({
+  Effect.withFiberRuntime((fiber) => {
+    const context = fiber.currentContext
+    const config = Context.unsafeGet(context, LimitsConfig)
+    const quota = Context.unsafeGet(context, Quota.Quota)
+    const request = {
       subject: principal.account.id,
       resource: model,
-      limits: limitsFor(principal.account, config),
-    })
+      limits: cachedLimitsFor(principal.account, config),
+    }
+    const now = quota.admitNow(request, Context.get(fiber.currentDefaultServices, Clock.Clock))
+    if (now._tag === "Refused") {
+      setRateHeaders(res, now.rates)
+      return Effect.fail(now.error)
+    }
+    if (now._tag === "Async") return admitAsync(res, quota, request, outcome)
+    // Decided synchronously (memory store): one finalizer, no scope work in the quota service.
+    const { permit } = now
+    setRateHeaders(res, permit.rates)
+    return Effect.as(
+      Scope.addFinalizer(
+        Context.unsafeGet(context, Scope.Scope),
+        Effect.sync(() => {
+          // A request that started counts even if nothing committed it yet.
+          if (outcome.started) permit.commit()
+          // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
+          if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
+          permit.release()
+        }),
+      ),
+      { rates: permit.rates, commit: Effect.sync(permit.commit), isCommitted: Effect.sync(permit.committed) },
+    )
+  })
+
+/** Admission through the quota service's Effect path: a queue wait, or a remote store (Redis). */
+const admitAsync = (
+  res: ServerResponse,
+  quota: Quota.QuotaShape,
+  request: Quota.AdmitRequest,
+  outcome: Pick<Outcome, "started">,
+) =>
+  Effect.gen(function* () {
+    const admission = yield* quota.admit(request)
     if (admission._tag === "Refused") {
       setRateHeaders(res, admission.rates)
       return yield* Effect.fail(admission.error)

@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Fiber, Layer, Random, type Scope } from "effect"
+import { Clock, Context, Effect, Either, Fiber, Layer, Random, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -93,6 +93,27 @@ export interface Permit {
 
 export type Refusal = RateLimitExceeded | ConcurrencyLimitExceeded
 
+/** A permit held by plain calls (see `admitNow`). */
+export interface PermitNow {
+  /** The rate limits after this admission (for `x-ratelimit-*` headers). */
+  readonly rates: ReadonlyArray<RateStatus>
+  /** Charges the reserved rate and quota units; idempotent. */
+  readonly commit: () => void
+  readonly committed: () => boolean
+  /** Frees the slot and refunds what was not committed. Once; later calls do nothing. */
+  readonly release: () => void
+}
+
+export type AdmissionNow =
+  | { readonly _tag: "Admitted"; readonly permit: PermitNow }
+  | {
+      readonly _tag: "Refused"
+      readonly error: Refusal | AdmissionUnavailable
+      readonly rates: ReadonlyArray<RateStatus>
+    }
+  /** Not decidable synchronously (the request would wait for a slot, or the store is remote): nothing changed; use `admit`. */
+  | { readonly _tag: "Async" }
+
 export type Admission =
   | { readonly _tag: "Admitted"; readonly permit: Permit }
   | { readonly _tag: "Refused"; readonly error: Refusal; readonly rates: ReadonlyArray<RateStatus> }
@@ -112,6 +133,13 @@ export interface QuotaShape {
    * the store cannot answer (unless the failure policy is `open`).
    */
   readonly admit: (request: AdmitRequest) => Effect.Effect<Admission, AdmissionUnavailable, Scope.Scope>
+  /**
+   * `admit` as one plain call, for stores that decide synchronously (memory):
+   * no scope, no fiber work; the caller calls `release` exactly once. `Async`
+   * when only `admit` can decide (a queue wait, a remote store). `clock` is
+   * the caller's fiber's (so `TestClock` drives it as it drives `admit`).
+   */
+  readonly admitNow: (request: AdmitRequest, clock: Clock.Clock) => AdmissionNow
   /** The current state of `request`'s limits; rates are read for each of `resources`. */
   readonly usage: (
     request: AdmitRequest,
@@ -239,6 +267,24 @@ const newPermitId = Effect.map(
   ([now, a, b]) => `${now.toString(36)}.${(a >>> 0).toString(36)}${(b >>> 0).toString(36)}`,
 )
 
+/**
+ * `normalize`, once per `Limits` object: callers that keep one limits object
+ * per account (the gateway does) pay the validation once, not per request.
+ */
+const normalizedLimits = new WeakMap<Limits, Omit<Normalized, "subject" | "resource">>()
+
+export const normalizeCached = (request: AdmitRequest): Normalized => {
+  let limits = normalizedLimits.get(request.limits)
+  if (limits === undefined) {
+    const { subject: _s, resource: _r, ...rest } = normalize({ ...request, subject: "-" })
+    limits = rest
+    normalizedLimits.set(request.limits, limits)
+  } else if (typeof request.subject !== "string" || request.subject.length === 0) {
+    invalid("subject must be non-empty")
+  }
+  return { subject: request.subject, resource: request.resource ?? "", ...limits }
+}
+
 export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
   Effect.sync(() => {
     const maxInFlight = options.maxInFlight ?? Number.POSITIVE_INFINITY
@@ -286,7 +332,7 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
               yield* finish(false)
               return yield* Effect.fail(storeDown)
             }
-            yield* Effect.addFinalizer(() => finish(false))
+            yield* Scope.addFinalizer(yield* Effect.scope, finish(false))
             return { _tag: "Admitted", permit: openPermit } satisfies Admission
           }
           const outcome = first.right
@@ -299,7 +345,8 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
                 : concurrencyRefusal(outcome.waitMicros)
             return { _tag: "Refused", error, rates } satisfies Admission
           }
-          yield* Effect.addFinalizer(() => finish(true))
+          // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
+          yield* Scope.addFinalizer(yield* Effect.scope, finish(true))
 
           if (outcome._tag === "Queued") {
             const waited = yield* Effect.either(restore(store.awaitSlot(request, permit, maxWait)))
@@ -356,10 +403,56 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         }),
       )
 
+    // Permit ids of the synchronous path: unique in this process, which is all a memory store needs.
+    let permits = 0
+    const storeNow = store.now
+
+    const admitNow = (request: AdmitRequest, clock: Clock.Clock): AdmissionNow => {
+      if (storeNow === undefined) return { _tag: "Async" }
+      const normalized = normalizeCached(request)
+      if (inFlight >= maxInFlight) return { _tag: "Refused", error: instanceFull, rates: [] }
+      const permit = `p${++permits}`
+      const now = clock.unsafeCurrentTimeMillis() * MICROS_PER_MILLI
+      const outcome = storeNow.admit(normalized, permit, now)
+      if (outcome === undefined) return { _tag: "Async" }
+      const rates = outcome.rates.map(rateStatus)
+      if (outcome._tag === "RateLimited")
+        return { _tag: "Refused", error: rateRefusal(normalized, outcome.limit, outcome.waitMicros), rates }
+      if (outcome._tag === "ConcurrencyLimited")
+        return { _tag: "Refused", error: concurrencyRefusal(outcome.waitMicros), rates }
+      inFlight++
+      let committed = false
+      let done = false
+      return {
+        _tag: "Admitted",
+        permit: {
+          rates,
+          commit: () => {
+            if (committed || done) return
+            committed = true
+            storeNow.commit(normalized, permit, clock.unsafeCurrentTimeMillis() * MICROS_PER_MILLI)
+          },
+          committed: () => committed,
+          release: () => {
+            if (done) return
+            done = true
+            inFlight--
+            storeNow.release(
+              normalized,
+              permit,
+              committed,
+              clock.unsafeCurrentTimeMillis() * MICROS_PER_MILLI,
+            )
+          },
+        },
+      }
+    }
+
     const service: QuotaShape = {
+      admitNow,
       admit: (request) =>
         Effect.flatMap(
-          Effect.sync(() => normalize(request)),
+          Effect.sync(() => normalizeCached(request)),
           (normalized) =>
             admitNormalized(normalized, request.limits.concurrency?.maxWaitMillis ?? defaultWait),
         ),

@@ -67,7 +67,17 @@ export class StoreUnavailable extends Data.TaggedError("StoreUnavailable")<{
   readonly cause?: unknown
 }> {}
 
+/** A store whose decisions are synchronous (memory): the same operations as plain calls, time in µs. */
+export interface StoreNow {
+  /** `admit` without the queue: `undefined` (nothing changed) when the request would wait for a slot. */
+  readonly admit: (request: Normalized, permit: string, nowMicros: number) => AdmitOutcome | undefined
+  readonly commit: (request: Normalized, permit: string, nowMicros: number) => void
+  readonly release: (request: Normalized, permit: string, committed: boolean, nowMicros: number) => void
+}
+
 export interface Store {
+  /** Present when every decision can be made synchronously. */
+  readonly now?: StoreNow | undefined
   /** A remote store: commits are forked so the round trip does not hold up the caller. */
   readonly remote: boolean
   /** How long a slot or reservation survives without renewal; undefined when nothing can be orphaned. */

@@ -2,7 +2,7 @@
  * The in-process store: exact for one instance, time from `Clock` (so
  * `TestClock` drives it), waiters woken the moment a slot frees.
  */
-import { Clock, Deferred, Effect, Option } from "effect"
+import { Clock, Deferred, Effect, FiberId, Option } from "effect"
 import {
   charge,
   concurrencyWait,
@@ -124,78 +124,89 @@ export const make = (): Effect.Effect<Store> =>
       sweep(now)
     }
 
-    const admit = (request: Normalized, permit: string): Effect.Effect<AdmitOutcome> =>
-      Effect.gen(function* () {
-        const now = yield* nowMicros
-        maybeSweep(now)
-        const existing = subjects.get(request.subject)
-        const resource = existing?.resources.get(request.resource)
-        const pending = resource?.pending.size ?? 0
-        let wait = 0
-        let limit = ""
-        for (const rate of request.rates) {
-          const w = rateWait(rate, resource?.tat.get(rate.name) ?? 0, pending, now)
-          if (w > wait) {
-            wait = w
-            limit = rate.name
-          }
+    /**
+     * The admission decision at `now`, all or nothing. With `mayQueue` false, a
+     * request that would wait in the queue changes nothing and gets `undefined`.
+     */
+    const admitAt = (
+      request: Normalized,
+      permit: string,
+      now: number,
+      mayQueue: boolean,
+    ): AdmitOutcome | undefined => {
+      maybeSweep(now)
+      const existing = subjects.get(request.subject)
+      const resource = existing?.resources.get(request.resource)
+      const pending = resource?.pending.size ?? 0
+      let wait = 0
+      let limit = ""
+      for (const rate of request.rates) {
+        const w = rateWait(rate, resource?.tat.get(rate.name) ?? 0, pending, now)
+        if (w > wait) {
+          wait = w
+          limit = rate.name
         }
-        const reserved = existing?.pending.size ?? 0
-        for (const quota of request.quotas) {
-          const index = periodIndex(quota.period, now)
-          const count = countOf(existing, quota, index)
-          if (count + reserved + 1 <= quota.limit) continue
-          // Held back only by requests still in flight: they may yet be refunded.
-          const w = count >= quota.limit ? periodEnd(quota.period, index) - now : MICROS_PER_SECOND
-          if (w > wait) {
-            wait = w
-            limit = quota.name
-          }
+      }
+      const reserved = existing?.pending.size ?? 0
+      for (const quota of request.quotas) {
+        const index = periodIndex(quota.period, now)
+        const count = countOf(existing, quota, index)
+        if (count + reserved + 1 <= quota.limit) continue
+        // Held back only by requests still in flight: they may yet be refunded.
+        const w = count >= quota.limit ? periodEnd(quota.period, index) - now : MICROS_PER_SECOND
+        if (w > wait) {
+          wait = w
+          limit = quota.name
         }
-        if (wait > 0) {
+      }
+      if (wait > 0) {
+        return {
+          _tag: "RateLimited",
+          rates: rateStates(request, resource, pending, now),
+          waitMicros: wait,
+          limit,
+        }
+      }
+      let queued: Waiter | undefined
+      let slot = false
+      const concurrency = request.concurrency
+      if (concurrency !== undefined) {
+        const used = existing?.slots.size ?? 0
+        const waiting = existing?.queue.length ?? 0
+        if (concurrency.limit > 0 && used + waiting < concurrency.limit) {
+          slot = true
+        } else if (concurrency.limit > 0 && waiting < concurrency.queue) {
+          if (!mayQueue) return undefined
+          queued = {
+            permit,
+            limit: concurrency.limit,
+            deferred: Deferred.unsafeMake<void>(FiberId.none),
+            granted: false,
+          }
+        } else {
           return {
-            _tag: "RateLimited",
+            _tag: "ConcurrencyLimited",
             rates: rateStates(request, resource, pending, now),
-            waitMicros: wait,
-            limit,
+            waitMicros: concurrencyWait(
+              concurrency.limit,
+              waiting + Math.max(0, used - concurrency.limit),
+              existing?.ewma,
+            ),
           }
         }
-        let queued: Waiter | undefined
-        let slot = false
-        const concurrency = request.concurrency
-        if (concurrency !== undefined) {
-          const used = existing?.slots.size ?? 0
-          const waiting = existing?.queue.length ?? 0
-          if (concurrency.limit > 0 && used + waiting < concurrency.limit) {
-            slot = true
-          } else if (concurrency.limit > 0 && waiting < concurrency.queue) {
-            queued = {
-              permit,
-              limit: concurrency.limit,
-              deferred: yield* Deferred.make<void>(),
-              granted: false,
-            }
-          } else {
-            return {
-              _tag: "ConcurrencyLimited",
-              rates: rateStates(request, resource, pending, now),
-              waitMicros: concurrencyWait(
-                concurrency.limit,
-                waiting + Math.max(0, used - concurrency.limit),
-                existing?.ewma,
-              ),
-            }
-          }
-        }
-        const subject = existing ?? subjectOf(request.subject)
-        const state = resourceOf(subject, request.resource)
-        state.pending.add(permit)
-        subject.pending.add(permit)
-        if (slot) subject.slots.set(permit, now)
-        if (queued !== undefined) subject.queue.push(queued)
-        const rates = rateStates(request, state, pending + 1, now)
-        return queued === undefined ? { _tag: "Admitted", rates } : { _tag: "Queued", rates }
-      })
+      }
+      const subject = existing ?? subjectOf(request.subject)
+      const state = resourceOf(subject, request.resource)
+      state.pending.add(permit)
+      subject.pending.add(permit)
+      if (slot) subject.slots.set(permit, now)
+      if (queued !== undefined) subject.queue.push(queued)
+      const rates = rateStates(request, state, pending + 1, now)
+      return queued === undefined ? { _tag: "Admitted", rates } : { _tag: "Queued", rates }
+    }
+
+    const admit = (request: Normalized, permit: string): Effect.Effect<AdmitOutcome> =>
+      Effect.map(nowMicros, (now) => admitAt(request, permit, now, true)!)
 
     const awaitSlot = (
       request: Normalized,
@@ -226,43 +237,47 @@ export const make = (): Effect.Effect<Store> =>
         }
       })
 
+    const commitAt = (request: Normalized, permit: string, now: number) => {
+      const subject = subjectOf(request.subject)
+      const resource = resourceOf(subject, request.resource)
+      for (const rate of request.rates) {
+        if (rate.interval < 0) continue
+        resource.tat.set(rate.name, charge(rate, resource.tat.get(rate.name) ?? 0, now))
+      }
+      for (const quota of request.quotas) {
+        const index = periodIndex(quota.period, now)
+        subject.counts.set(quota.name, {
+          index,
+          count: countOf(subject, quota, index) + 1,
+          end: periodEnd(quota.period, index),
+        })
+      }
+      resource.pending.delete(permit)
+      subject.pending.delete(permit)
+    }
+
     const commit = (request: Normalized, permit: string) =>
-      Effect.map(nowMicros, (now) => {
-        const subject = subjectOf(request.subject)
-        const resource = resourceOf(subject, request.resource)
-        for (const rate of request.rates) {
-          if (rate.interval < 0) continue
-          resource.tat.set(rate.name, charge(rate, resource.tat.get(rate.name) ?? 0, now))
-        }
-        for (const quota of request.quotas) {
-          const index = periodIndex(quota.period, now)
-          subject.counts.set(quota.name, {
-            index,
-            count: countOf(subject, quota, index) + 1,
-            end: periodEnd(quota.period, index),
-          })
-        }
-        resource.pending.delete(permit)
-        subject.pending.delete(permit)
-      })
+      Effect.map(nowMicros, (now) => commitAt(request, permit, now))
+
+    const releaseAt = (request: Normalized, permit: string, committed: boolean, now: number) => {
+      const subject = subjects.get(request.subject)
+      if (subject === undefined) return
+      const acquired = subject.slots.get(permit)
+      if (acquired !== undefined) {
+        subject.slots.delete(permit)
+        // Refunded requests leave no trace, not even in the hold-time estimate.
+        if (committed) subject.ewma = nextEwma(subject.ewma, now - acquired)
+      } else {
+        const at = subject.queue.findIndex((w) => w.permit === permit)
+        if (at >= 0) subject.queue.splice(at, 1)
+      }
+      subject.resources.get(request.resource)?.pending.delete(permit)
+      subject.pending.delete(permit)
+      grant(subject, now)
+    }
 
     const release = (request: Normalized, permit: string, committed: boolean) =>
-      Effect.map(nowMicros, (now) => {
-        const subject = subjects.get(request.subject)
-        if (subject === undefined) return
-        const acquired = subject.slots.get(permit)
-        if (acquired !== undefined) {
-          subject.slots.delete(permit)
-          // Refunded requests leave no trace, not even in the hold-time estimate.
-          if (committed) subject.ewma = nextEwma(subject.ewma, now - acquired)
-        } else {
-          const at = subject.queue.findIndex((w) => w.permit === permit)
-          if (at >= 0) subject.queue.splice(at, 1)
-        }
-        subject.resources.get(request.resource)?.pending.delete(permit)
-        subject.pending.delete(permit)
-        grant(subject, now)
-      })
+      Effect.map(nowMicros, (now) => releaseAt(request, permit, committed, now))
 
     const usage = (request: Normalized, resources: ReadonlyArray<string>): Effect.Effect<StoreUsage> =>
       Effect.map(nowMicros, (now) => {
@@ -299,6 +314,11 @@ export const make = (): Effect.Effect<Store> =>
       release,
       renew: () => Effect.void,
       usage,
+      now: {
+        admit: (request, permit, now) => admitAt(request, permit, now, false),
+        commit: commitAt,
+        release: releaseAt,
+      },
     }
     return store
   })
