@@ -5,7 +5,7 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Database, TestDatabase } from "@swarmgate/store"
-import { Effect, Either, Exit, FastCheck as fc, type Layer, type Scope, TestClock } from "effect"
+import { Clock, Effect, Either, Exit, FastCheck as fc, type Layer, type Scope, TestClock } from "effect"
 import * as Billing from "../src/Billing"
 import * as LedgerCheck from "../src/LedgerCheck"
 import * as RedisBilling from "../src/RedisBilling"
@@ -391,15 +391,22 @@ const suite = (
         op: fc.constant("reserve" as const),
         account: fc.nat(2),
         maxTokens: fc.integer({ min: 1, max: 80 }),
+        /** Through the plain calls the gateway uses (`reserveNow`…), or the Effect ones. */
+        now: fc.boolean(),
       }),
-      fc.record({ op: fc.constant("settle" as const), hold: fc.nat(), completion: fc.nat(100) }),
-      fc.record({ op: fc.constant("void" as const), hold: fc.nat() }),
+      fc.record({
+        op: fc.constant("settle" as const),
+        hold: fc.nat(),
+        completion: fc.nat(100),
+        now: fc.boolean(),
+      }),
+      fc.record({ op: fc.constant("void" as const), hold: fc.nat(), now: fc.boolean() }),
       fc.record({ op: fc.constant("credit" as const), account: fc.nat(2), amount: fc.nat(20_000) }),
       fc.record({ op: fc.constant("tick" as const), millis: fc.nat(40_000) }),
     )
 
     it.effect.prop(
-      "random concurrent reserve/settle/void/expire/credit keep the ledger exact",
+      "random concurrent reserve/settle/void/expire/credit keep the ledger exact, through either path",
       [fc.array(fc.array(step, { minLength: 1, maxLength: 6 }), { minLength: 1, maxLength: 12 })],
       ([rounds]) =>
         Effect.scoped(
@@ -417,33 +424,42 @@ const suite = (
                 s: (typeof round)[number],
               ): Effect.Effect<unknown, unknown, SqlClient.SqlClient> => {
                 switch (s.op) {
-                  case "reserve":
+                  case "reserve": {
+                    const input = request(accounts[s.account]!, {
+                      maxTokens: s.maxTokens,
+                      ttlMillis: 30_000,
+                      monthlySpendLimitMicros: monthly[s.account]!,
+                      keySpendLimitMicros: s.account === 0 ? keyLimit : null,
+                    })
                     return Effect.map(
                       Effect.either(
-                        b.reserve(
-                          request(accounts[s.account]!, {
-                            maxTokens: s.maxTokens,
-                            ttlMillis: 30_000,
-                            monthlySpendLimitMicros: monthly[s.account]!,
-                            keySpendLimitMicros: s.account === 0 ? keyLimit : null,
-                          }),
-                        ),
+                        s.now && b.reserveNow !== undefined
+                          ? Effect.flatMap(Clock.currentTimeMillis, (now) => {
+                              const decided = b.reserveNow!(input, now)
+                              return decided === undefined ? b.reserve(input) : decided
+                            })
+                          : b.reserve(input),
                       ),
                       (r) => {
                         if (Either.isRight(r)) requestIds.push(r.right.requestId)
                       },
                     )
-                  case "settle":
-                    return requestIds.length === 0
-                      ? Effect.void
-                      : b.settle(requestIds[s.hold % requestIds.length]!, {
-                          completionTokens: s.completion,
-                          outcome: "completed",
-                        })
-                  case "void":
-                    return requestIds.length === 0
-                      ? Effect.void
-                      : b.void(requestIds[s.hold % requestIds.length]!)
+                  }
+                  case "settle": {
+                    if (requestIds.length === 0) return Effect.void
+                    const id = requestIds[s.hold % requestIds.length]!
+                    const settlement = { completionTokens: s.completion, outcome: "completed" as const }
+                    return s.now && b.settleNow !== undefined
+                      ? Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                          Effect.sync(() => b.settleNow!(id, settlement, now)),
+                        )
+                      : b.settle(id, settlement)
+                  }
+                  case "void": {
+                    if (requestIds.length === 0) return Effect.void
+                    const id = requestIds[s.hold % requestIds.length]!
+                    return s.now && b.voidNow !== undefined ? Effect.sync(() => b.voidNow!(id)) : b.void(id)
+                  }
                   case "credit":
                     credited += s.amount
                     return Effect.zipRight(
