@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-// Runs the TypeScript sources directly, like the swarmgate command.
-import { register } from "tsx/esm/api"
+// Runs the compiled bundle (apps/loadtest/dist/main.js), rebuilt first when a source is newer
+// (scripts/build.mjs); `npm run dev` runs the TypeScript sources with tsx instead.
+import { pathToFileURL } from "node:url"
+import { ensureBuilt } from "../../../scripts/build.mjs"
 
-register()
-await import("../src/main.ts")
+await import(pathToFileURL(await ensureBuilt("loadtest")).href)

@@ -42,11 +42,7 @@ interface Held {
   readonly release: () => Effect.Effect<void>
 }
 
-const run = (
-  path: "now" | "effect",
-  limits: Quota.Limits,
-  steps: ReadonlyArray<Step>,
-) =>
+const run = (path: "now" | "effect", limits: Quota.Limits, steps: ReadonlyArray<Step>) =>
   Effect.gen(function* () {
     yield* TestClock.setTime(Date.UTC(2026, 10, 24, 12))
     const quota = yield* Effect.provide(Quota.Quota, Quota.layerMemory())
