@@ -40,7 +40,7 @@ import {
 } from "../apps/loadtest/src/Spawn"
 import { measureAutocannon } from "./Autocannon"
 import { CORE_GENERATOR, idlePercent, type Measured, measure, pinAll } from "./Measure"
-import { loadAverage, machine, pin } from "./Procfs"
+import { cpuMicros as cpuMicrosOf, loadAverage, machine, pin } from "./Procfs"
 import { readProfile, summarize as summarizeProfile } from "./profile-summary"
 import {
   ablationTable,
@@ -69,7 +69,7 @@ const { values } = parseArgs({
 })
 const quick = values.quick === true
 const sections = new Set(
-  (values.only ?? "main,crosscheck,ablation,profile,components,streams,sim,nodes").split(","),
+  (values.only ?? "main,counts,crosscheck,ablation,profile,components,streams,sim,nodes").split(","),
 )
 const OUT = values.out ?? join(REPO_ROOT, quick ? "reports/bench-quick" : "bench/results")
 const RAW = join(REPO_ROOT, "reports", `bench-${new Date().toISOString().replace(/[:.]/g, "-")}`)
@@ -280,6 +280,7 @@ const main = async () => {
   const sim: Array<Row> = []
   const nodes: Array<NodesRow> = []
   const profiles: Array<ProfileResult> = []
+  const counts: Array<CountRow> = []
 
   if (["main", "crosscheck", "ablation", "profile", "components"].some((section) => sections.has(section))) {
     const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
@@ -583,6 +584,27 @@ const main = async () => {
     }
   }
 
+  if (sections.has("counts")) {
+    log("section counts: per-request Effect steps, fibers, timers, SQL, Redis (bench/counters.mjs)")
+    const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
+    const file = nodesFile(instant.url, "instant")
+    const scaled = await scaledOut()
+    for (const mode of [
+      { name: "embedded", env: {} as Record<string, string> },
+      ...(scaled === undefined ? [] : [{ name: "scaled out", env: scaled.env }]),
+    ]) {
+      for (const stream of [false, true]) {
+        const row = await countRequests(mode.name, file, mode.env, stream)
+        counts.push(row)
+        log(
+          `counts ${mode.name} ${stream ? "sse-20" : "json"}: ${fmt(row.ops)} Effect steps, ${fmt(row.fibers, 1)} fibers, ${fmt(row.timers, 1)} timers, ${fmt(row.sql, 2)} SQL, ${fmt(row.redis, 2)} Redis commands per request`,
+        )
+      }
+    }
+    await scaled?.cleanup()
+    await stopChild(instant.child)
+  }
+
   const loadAfter = loadAverage()
   const results = {
     date: new Date().toISOString(),
@@ -599,6 +621,7 @@ const main = async () => {
     sim,
     nodes,
     profiles,
+    counts,
   }
   const resultsFile = join(OUT, "results.json")
   writeFileSync(resultsFile, `${JSON.stringify(results, null, 2)}\n`)
@@ -706,6 +729,8 @@ const targets = (
   main: ReadonlyArray<Row>,
   streams: ReadonlyArray<Row>,
   sim: ReadonlyArray<Row>,
+  nodes: ReadonlyArray<NodesRow>,
+  counts: ReadonlyArray<CountRow>,
 ): Array<Target> => {
   const get = (mode: string, target: string) => main.find((r) => r.mode === mode && r.target === target)
   const out: Array<Target> = []
@@ -732,6 +757,33 @@ const targets = (
       met: a99 <= 1,
     })
   }
+  for (const mode of ["sse-20", "sse-200"]) {
+    const g = get(mode, "swarmgate")
+    const p = get(mode, "bare proxy")
+    if (g === undefined || p === undefined) continue
+    const r = g.rps / p.rps
+    out.push({
+      target: `${mode.toUpperCase()} throughput ≥ 0.5 × bare proxy`,
+      measured: `${fmt(r, 3)}× (${fmt(g.rps)} vs ${fmt(p.rps)} req/s)`,
+      met: r >= 0.5,
+    })
+  }
+  const few = nodes.find((n) => n.nodes === 10)
+  const many = nodes.find((n) => n.nodes === 1000)
+  if (few !== undefined && many !== undefined) {
+    const r = many.cpuMicrosPerRequest / few.cpuMicrosPerRequest
+    out.push({
+      target: "CPU per request flat from 10 to 1,000 nodes (≤ 1.25×)",
+      measured: `${fmt(r, 2)}× (${fmt(few.cpuMicrosPerRequest)} → ${fmt(many.cpuMicrosPerRequest)} µs)`,
+      met: r <= 1.25,
+    })
+  }
+  for (const c of counts.filter((c) => c.mode === "scaled out"))
+    out.push({
+      target: `scaled out: ≤ 2 Redis round trips per request (${c.stream ? "SSE" : "JSON"})`,
+      measured: `${fmt(c.redis, 2)} commands per request`,
+      met: c.redis <= 2,
+    })
   const gs = get("sse-20", "swarmgate")
   const ds = get("sse-20", "direct")
   if (gs !== undefined && ds !== undefined) {
@@ -800,7 +852,152 @@ interface Results {
   readonly sim: ReadonlyArray<Row>
   readonly nodes: ReadonlyArray<NodesRow>
   readonly profiles: ReadonlyArray<ProfileResult>
+  readonly counts: ReadonlyArray<CountRow>
 }
+
+/** What one request costs inside the gateway, counted by bench/counters.mjs over sequential requests. */
+interface CountRow {
+  readonly mode: string
+  readonly stream: boolean
+  readonly requests: number
+  readonly ops: number
+  readonly fibers: number
+  readonly timers: number
+  readonly sql: number
+  readonly redis: number
+  readonly gc: number
+  readonly gcMicros: number
+  readonly cpuMicros: number
+}
+
+const COUNTED = 400
+
+/** PostgreSQL and Redis for the scaled-out mode: a database made for this run, a key prefix of its own. */
+const scaledOut = async () => {
+  const base = process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+  const redis = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379"
+  const name = `bench_${process.pid}`
+  try {
+    const { default: pg } = await import("pg")
+    const admin = new pg.Client({ connectionString: base })
+    await admin.connect()
+    await admin.query(`CREATE DATABASE ${name}`)
+    await admin.end()
+    const url = new URL(base)
+    url.pathname = `/${name}`
+    return {
+      env: {
+        DATABASE_URL: url.toString(),
+        REDIS_URL: redis,
+        SWARMGATE_REDIS_PREFIX: `swarmgate-bench-${process.pid}:`,
+      },
+      cleanup: async () => {
+        const admin = new pg.Client({ connectionString: base })
+        await admin.connect()
+        await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+        await admin.end()
+        const { Redis } = await import("ioredis")
+        const client = new Redis(redis)
+        const keys = await client.keys(`swarmgate-bench-${process.pid}:*`)
+        if (keys.length > 0) await client.del(...keys)
+        client.disconnect()
+      },
+    }
+  } catch (error) {
+    log(`scaled-out mode skipped: PostgreSQL or Redis not reachable (${String(error).slice(0, 120)})`)
+    return undefined
+  }
+}
+
+const countRequests = async (
+  mode: string,
+  nodes: string,
+  env: Record<string, string>,
+  stream: boolean,
+): Promise<CountRow> => {
+  // The sources under tsx, so that the counters see the same effect, pg and ioredis modules the gateway uses.
+  const gateway = await startGateway({
+    script: join(REPO_ROOT, "apps/server/src/main.ts"),
+    nodeArgs: ["--import", "tsx", "--import", join(BENCH, "counters.mjs")],
+    cpus: String(CORE_GENERATOR),
+    env: {
+      SWARMGATE_NODES_FILE: nodes,
+      LOG_LEVEL: "warn",
+      SWARMGATE_PRESETS: JSON.stringify({ "swarm-prime": { strategy: "single" } }),
+      ...env,
+    },
+  })
+  try {
+    await waitReady(gateway.baseUrl)
+    const { key } = await createLoadKey(gateway)
+    const body = JSON.stringify({
+      model: "swarm-prime",
+      stream,
+      max_tokens: 256,
+      messages: [{ role: "user", content: "Say the word the, over and over. chunks=20" }],
+    })
+    const once = async () => {
+      const response = await fetch(`${gateway.baseUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body,
+      })
+      await response.text()
+      if (response.status !== 200) throw new Error(`counts: status ${response.status}`)
+    }
+    const pid = gateway.child.pid
+    const snapshot = async () => {
+      const before = gateway.child.output().length
+      process.kill(pid, "SIGUSR2")
+      for (let i = 0; i < 100; i++) {
+        const line = gateway.child
+          .output()
+          .slice(before)
+          .split("\n")
+          .find((l) => l.startsWith("BENCH-COUNTS "))
+        if (line !== undefined)
+          return JSON.parse(line.slice("BENCH-COUNTS ".length)) as Record<string, number>
+        await new Promise((r) => setTimeout(r, 20))
+      }
+      throw new Error("counts: no answer from the counters")
+    }
+    for (let i = 0; i < 200; i++) await once()
+    await new Promise((r) => setTimeout(r, 200))
+    await snapshot()
+    const cpuBefore = cpuMicrosOf(pid)
+    for (let i = 0; i < COUNTED; i++) await once()
+    // Settled, logged and written behind: the ledger's batch lands within its 50 ms window.
+    await new Promise((r) => setTimeout(r, 300))
+    const cpu = cpuMicrosOf(pid) - cpuBefore
+    const c = await snapshot()
+    const per = (n: number | undefined) => (n ?? 0) / COUNTED
+    return {
+      mode,
+      stream,
+      requests: COUNTED,
+      ops: per(c.ops),
+      fibers: per(c.fibers),
+      timers: per(c.timers),
+      sql: per(c.sql),
+      redis: per(c.redis),
+      gc: per(c.gc),
+      gcMicros: per((c.gcMillis ?? 0) * 1000),
+      cpuMicros: cpu / COUNTED,
+    }
+  } finally {
+    await gateway.stop()
+  }
+}
+
+const countsTable = (rows: ReadonlyArray<CountRow>) =>
+  [
+    "| mode | request | Effect steps | fibers | timers | SQL statements | Redis commands | GCs | GC µs | CPU µs (1 connection) |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ...rows.map(
+      (r) =>
+        `| ${r.mode} | ${r.stream ? "SSE, 20 chunks" : "JSON"} | ${fmt(r.ops)} | ${fmt(r.fibers, 1)} | ${fmt(r.timers, 1)} | ${fmt(r.sql, 2)} | ${fmt(r.redis, 2)} | ${fmt(r.gc, 3)} | ${fmt(r.gcMicros)} | ${fmt(r.cpuMicros)} |`,
+    ),
+  ].join("\n")
 
 interface ComponentCost {
   readonly name: string
@@ -823,7 +1020,7 @@ const report = (r: Results): string => {
   const parts = [
     `Run ${r.date} (tree ${r.revision}) with \`${r.command}\` in ${r.duration_s} s on ${m.nproc} × ${m.cpuModel}, ${m.memoryGiB} GiB, Node ${m.node}, Linux ${m.kernel}; load average ${r.load_average.before.join(" / ")} before, ${r.load_average.after.join(" / ")} after (1/5/15 min).`,
   ]
-  const t = targets(r.main, r.streams, r.sim)
+  const t = targets(r.main, r.streams, r.sim, r.nodes, r.counts)
   if (t.length > 0) parts.push("### Targets\n", targetsTable(t))
   if (r.main.length > 0)
     parts.push(
@@ -833,6 +1030,12 @@ const report = (r: Results): string => {
       "### Latency at one connection (µs)\n",
       "`added` = this target's percentile minus the direct node's percentile; `× proxy` = swarmgate's added latency over the bare proxy's.\n",
       latencyTable(r.main),
+    )
+  if (r.counts.length > 0)
+    parts.push(
+      "### What one request costs inside the gateway (counted, per request)\n",
+      `${COUNTED} sequential requests after 200 of warm-up, against the instant node, counted inside the gateway process by \`bench/counters.mjs\` (a preload that wraps Effect's run-loop handlers and fiber start, timers, better-sqlite3 / pg statements and ioredis commands at run time); the gateway runs from its sources under tsx here so the counters see its modules. Scaled out = PostgreSQL + Redis (\`DATABASE_URL\`, \`REDIS_URL\`). SQL statements are the ledger's batched writes, per request.\n`,
+      countsTable(r.counts),
     )
   if (r.ablation.length > 0) {
     const base = (mode: string) => r.main.find((m) => m.mode === mode && m.target === "swarmgate")

@@ -131,6 +131,8 @@ export interface Gateway {
 
 export interface GatewaySpec {
   readonly env?: Readonly<Record<string, string>> | undefined
+  /** What to run instead of the compiled `swarmgate` (e.g. the sources, under tsx). */
+  readonly script?: string | undefined
   readonly nodeArgs?: ReadonlyArray<string> | undefined
   readonly cpus?: string | undefined
 }
@@ -140,7 +142,7 @@ export const startGateway = async (spec: GatewaySpec = {}): Promise<Gateway> => 
   const adminToken = randomBytes(24).toString("hex")
   const { child, ready } = await startChild({
     name: "swarmgate",
-    script: SERVER_BIN,
+    script: spec.script ?? SERVER_BIN,
     args: ["serve"],
     nodeArgs: spec.nodeArgs,
     cpus: spec.cpus,

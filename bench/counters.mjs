@@ -1,0 +1,85 @@
+// Bench-only preload (`node --import ./bench/counters.mjs …`): counts, inside the gateway process,
+// what each request costs in Effect run-loop operations, fibers started, timers set, SQL statements
+// run and Redis commands sent, plus garbage collections. Nothing is patched on disk: the counters wrap
+// methods at run time. On SIGUSR2 the counts since the last signal are written to stderr as one
+// `BENCH-COUNTS {json}` line, and reset.
+import { createRequire } from "node:module"
+import { PerformanceObserver } from "node:perf_hooks"
+import { pathToFileURL } from "node:url"
+
+const require = createRequire(`${process.cwd()}/package.json`)
+const counts = { ops: 0, fibers: 0, timers: 0, sql: 0, redis: 0, gc: 0, gcMillis: 0 }
+
+// Effect: the bundle and the sources import its ES module build; one fiber gives the runtime's prototype.
+const effectEsm = pathToFileURL(require.resolve("effect").replace("/dist/cjs/", "/dist/esm/")).href
+const { Effect } = await import(effectEsm)
+const proto = Object.getPrototypeOf(Effect.runFork(Effect.void))
+for (const name of Object.getOwnPropertyNames(proto)) {
+  const original = proto[name]
+  if (typeof original !== "function") continue
+  // Opcode handlers are the capitalised methods (Sync, OnSuccess, Async, …): one call per run-loop step.
+  if (/^[A-Z]/.test(name)) {
+    proto[name] = function (op) {
+      counts.ops++
+      return original.call(this, op)
+    }
+  } else if (name === "start" || name === "startFork") {
+    proto[name] = function (...args) {
+      counts.fibers++
+      return original.apply(this, args)
+    }
+  }
+}
+
+for (const name of ["setTimeout", "setInterval"]) {
+  const original = globalThis[name]
+  globalThis[name] = function (...args) {
+    counts.timers++
+    return original.apply(this, args)
+  }
+}
+
+try {
+  const Database = require("better-sqlite3")
+  const prepare = Database.prototype.prepare
+  Database.prototype.prepare = function (...args) {
+    const statement = prepare.apply(this, args)
+    for (const method of ["run", "all", "get", "iterate"]) {
+      const original = statement[method]
+      if (typeof original === "function")
+        statement[method] = function (...a) {
+          counts.sql++
+          return original.apply(this, a)
+        }
+    }
+    return statement
+  }
+} catch {}
+try {
+  const pg = require("pg")
+  const query = pg.Client.prototype.query
+  pg.Client.prototype.query = function (...args) {
+    counts.sql++
+    return query.apply(this, args)
+  }
+} catch {}
+try {
+  const Redis = require("ioredis")
+  const send = (Redis.default ?? Redis).prototype.sendCommand
+  ;(Redis.default ?? Redis).prototype.sendCommand = function (...args) {
+    counts.redis++
+    return send.apply(this, args)
+  }
+} catch {}
+
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) {
+    counts.gc++
+    counts.gcMillis += entry.duration
+  }
+}).observe({ entryTypes: ["gc"] })
+
+process.on("SIGUSR2", () => {
+  process.stderr.write(`BENCH-COUNTS ${JSON.stringify(counts)}\n`)
+  for (const key of Object.keys(counts)) counts[key] = 0
+})
