@@ -226,6 +226,32 @@ describe("keys and accounts", () => {
     expect(unknown.length).toBe(key.length)
   })
 
+  it("every 401 carries WWW-Authenticate: Bearer, with error=invalid_token when a key was sent (RFC 6750)", async () => {
+    const malformed = `${key.slice(0, -1)}${key.endsWith("a") ? "b" : "a"}`
+    const cases: ReadonlyArray<readonly [string | undefined, string]> = [
+      [undefined, 'Bearer realm="swarmgate"'],
+      ["Basic abc", 'Bearer realm="swarmgate"'],
+      [`Bearer ${malformed}`, 'Bearer realm="swarmgate", error="invalid_token"'],
+      ["Bearer sk-other-123", 'Bearer realm="swarmgate", error="invalid_token"'],
+    ]
+    for (const [authorization, expected] of cases) {
+      const headers: Record<string, string> = authorization ? { authorization } : {}
+      const models = await fetch(`${server.baseUrl}/v1/models`, { headers })
+      expect(models.status).toBe(401)
+      expect(models.headers.get("www-authenticate")).toBe(expected)
+      const chat = await fetch(`${server.baseUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: { ...headers, "content-type": "application/json" },
+        body: JSON.stringify(hello),
+      })
+      expect(chat.status).toBe(401)
+      expect(chat.headers.get("www-authenticate")).toBe(expected)
+    }
+    const ok = await fetch(`${server.baseUrl}/v1/models`, { headers: { authorization: `Bearer ${key}` } })
+    expect(ok.status).toBe(200)
+    expect(ok.headers.get("www-authenticate")).toBeNull()
+  })
+
   it("revoked and disabled keys stop working on the next request", async () => {
     const issued = await createKey(server)
     const ok = await fetch(`${server.baseUrl}/v1/models`, {

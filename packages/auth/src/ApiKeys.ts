@@ -39,12 +39,13 @@ export interface ApiKeysShape {
 
 export class ApiKeys extends Context.Tag("@swarmgate/auth/ApiKeys")<ApiKeys, ApiKeysShape>() {}
 
-const invalidKey = (why: string) =>
+const invalidKey = (why: string, keySent = true) =>
   new InvalidApiKey({
+    keySent,
     message: `Invalid API key: ${why}. Send 'Authorization: Bearer <key>' with an active key.`,
   })
 
-const missing = invalidKey("no bearer key was sent")
+const missing = invalidKey("no bearer key was sent", false)
 const malformed = invalidKey("the key is malformed")
 const unknown = invalidKey("the key is not recognised")
 

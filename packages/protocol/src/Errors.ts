@@ -96,7 +96,11 @@ export class ZdrStorageNotSupported extends Schema.TaggedError<ZdrStorageNotSupp
 
 // --- 401 / 402 / 403 ---------------------------------------------------------
 
-export class InvalidApiKey extends Schema.TaggedError<InvalidApiKey>()("InvalidApiKey", { message }) {
+export class InvalidApiKey extends Schema.TaggedError<InvalidApiKey>()("InvalidApiKey", {
+  message,
+  /** A key was sent (and refused); false when none was: RFC 6750 §3 answers the two differently. */
+  keySent: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+}) {
   get status() {
     return 401
   }

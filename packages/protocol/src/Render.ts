@@ -39,6 +39,11 @@ export const renderError = (error: ApiError, requestId: string): RenderedError =
   }
   const retryAfter = error.retryAfter
   if (retryAfter !== undefined) headers["retry-after"] = String(retryAfter)
+  // RFC 6750 section 3: every 401 names the scheme; invalid_token when a key was sent and refused.
+  if (error._tag === "InvalidApiKey")
+    headers["www-authenticate"] = error.keySent
+      ? `Bearer realm="swarmgate", error="invalid_token"`
+      : `Bearer realm="swarmgate"`
   return { status: error.status, headers, body: JSON.stringify(errorEnvelope(error, requestId)) }
 }
 
