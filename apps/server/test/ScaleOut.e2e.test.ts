@@ -497,7 +497,9 @@ describe.skipIf(missing.length > 0 && !required)(
       const port = Number(new URL(victim.baseUrl).port)
       const models = halfSent(port, "GET /v1/models HTTP/1.1\r\nHost: gateway\r\n")
       const ready = halfSent(port, "GET /readyz HTTP/1.1\r\nHost: gateway\r\n")
-      await Promise.all([models.connected, ready.connected])
+      const unknown = halfSent(port, "GET /v1/embeddings HTTP/1.1\r\nHost: gateway\r\n")
+      const wrongMethod = halfSent(port, "GET /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n")
+      await Promise.all([models.connected, ready.connected, unknown.connected, wrongMethod.connected])
       victim.process.kill("SIGTERM")
       await new Promise((r) => setTimeout(r, 150))
       // Unready at once, and a new request on an open connection is refused with 503 server_draining.
@@ -511,6 +513,13 @@ describe.skipIf(missing.length > 0 && !required)(
       expect(retryAfter).toBeGreaterThanOrEqual(1)
       expect(retryAfter).toBeLessThanOrEqual(60)
       expect(refused).toContain('"code":"server_draining"')
+      // The route check still comes first (spec §4.3): 404 and 405 with empty bodies, not 503.
+      const notFound = await unknown.finish(`Authorization: Bearer ${key}\r\n\r\n`)
+      expect(notFound).toMatch(/^HTTP\/1\.1 404 /)
+      expect(notFound.toLowerCase()).toContain("content-length: 0")
+      const notAllowed = await wrongMethod.finish(`Authorization: Bearer ${key}\r\n\r\n`)
+      expect(notAllowed).toMatch(/^HTTP\/1\.1 405 /)
+      expect(notAllowed.toLowerCase()).toContain("content-length: 0")
 
       // Meanwhile, through the load balancer: everything is answered (by the others).
       const during: Array<Fired> = []

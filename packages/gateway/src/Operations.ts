@@ -112,6 +112,12 @@ const readyEndpoint = (ops: Operations, res: ServerResponse) => {
   )
 }
 
+/** Whether a handler serves `method` on `path` (the routes of HttpServer, probes aside). */
+const served = (method: string, path: string) =>
+  (path === "/v1/chat/completions" && method === "POST") ||
+  (path === "/v1/models" && (method === "GET" || method === "HEAD")) ||
+  path.startsWith("/admin/")
+
 /**
  * Starts accounting for a request and answers it when it is operational:
  * `/readyz`, `/metrics`, or any non-probe request while draining (503
@@ -138,7 +144,9 @@ export const intercept = (
     metricsEndpoint(ops.metrics.value, req, res)
     return true
   }
-  if (ops.drainer.draining && record.route !== "probe") {
+  // Spec §4.3: the route check comes first, draining or not: an unknown path is still 404, a wrong
+  // method 405; only a request a handler would serve is refused with 503 server_draining.
+  if (ops.drainer.draining && served(method, path)) {
     record.code = "server_draining"
     // Read and drop the body: closing on unread bytes would reset the connection before the 503 arrives.
     req.resume()
