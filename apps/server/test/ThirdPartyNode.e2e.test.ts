@@ -191,7 +191,7 @@ describe("a third-party OpenAI-compatible node from the nodes file", () => {
     expect(node!.in_flight).toBe(0)
   })
 
-  it("a server error before the first token is a 502 upstream_error for the client when no other node can take it", async () => {
+  it("a server error before the first token is 429 capacity_exhausted with Retry-After when no other node can take it", async () => {
     failNext = true
     try {
       const result = await chat(server.baseUrl, key, {
@@ -199,8 +199,12 @@ describe("a third-party OpenAI-compatible node from the nodes file", () => {
         max_tokens: 10,
         messages: [{ role: "user", content: "Hi" }],
       })
-      expect(result.status).toBe(502)
-      expect(result.body).toMatchObject({ error: { code: "upstream_error", type: "server_error" } })
+      // Nothing was generated: capacity (spec §7.3 rules 5–6), which a client retries; 502 is for failures after it started.
+      expect(result.status).toBe(429)
+      expect(result.body).toMatchObject({ error: { code: "capacity_exhausted", type: "server_error" } })
+      const retryAfter = Number(result.headers.get("retry-after"))
+      expect(retryAfter).toBeGreaterThanOrEqual(1)
+      expect(retryAfter).toBeLessThanOrEqual(60)
       const [node] = await nodesOf(server)
       expect(node!.last_failure).toBe('http_500: {"error":{"message":"model crashed"}}')
     } finally {

@@ -62,8 +62,8 @@ export interface DispatcherShape {
   readonly inFlight: (nodeId: string) => number
   /**
    * Runs the request by the preset's strategy. Fails before generation with
-   * 429 `capacity_exhausted` (no free node within the queue wait) or 502
-   * `upstream_error` (every attempt failed before its first token).
+   * 429 `capacity_exhausted`: no free node within the queue wait, or every
+   * node tried refused or failed before its first token (nothing generated).
    */
   readonly run: (
     preset: Preset,

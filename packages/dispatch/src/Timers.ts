@@ -1,29 +1,53 @@
 /**
  * The request path's shared timers: running-time deadlines and SSE
  * keep-alives cost one list entry per request, not a timer each. Deadlines
- * of one duration expire in the order they were set, so each duration keeps
- * a FIFO with one Node timer armed for its head; keep-alives share one
- * interval that runs only while streams are open.
+ * of one duration come nearly in the order they fall due, so each duration
+ * keeps a list sorted from the tail with one Node timer armed for its head;
+ * keep-alives share one interval that runs only while streams are open.
  */
 
 interface Deadline {
   readonly at: number
-  readonly fire: () => void
-  cancelled: boolean
+  /** Dropped on cancel: a finished request's closure (its fiber, response, buffers) must not wait for the deadline. */
+  fire: (() => void) | undefined
 }
 
 class Lane {
-  private readonly queue: Array<Deadline> = []
+  private queue: Array<Deadline> = []
   private head = 0
+  private cancelled = 0
   private timer: ReturnType<typeof setTimeout> | undefined
 
   add(deadline: Deadline) {
-    this.queue.push(deadline)
+    // Deadlines come nearly in order: an out-of-order one is placed from the tail back, not appended late.
+    let at = this.queue.length
+    while (at > this.head && this.queue[at - 1]!.at > deadline.at) at--
+    if (at === this.queue.length) this.queue.push(deadline)
+    else this.queue.splice(at, 0, deadline)
     if (this.timer === undefined) this.arm(Date.now())
+    else if (at === this.head) {
+      // A new head, due sooner than the armed one.
+      clearTimeout(this.timer)
+      this.arm(Date.now())
+    }
+  }
+
+  /** Most deadlines are cancelled long before they fall due: the lane sheds them once they are the majority. */
+  cancel(deadline: Deadline) {
+    if (deadline.fire === undefined) return
+    deadline.fire = undefined
+    if (++this.cancelled > 1024 && this.cancelled * 2 > this.queue.length - this.head) {
+      this.queue = this.queue.slice(this.head).filter((d) => d.fire !== undefined)
+      this.head = 0
+      this.cancelled = 0
+    }
   }
 
   private arm(now: number) {
-    while (this.head < this.queue.length && this.queue[this.head]!.cancelled) this.head++
+    while (this.head < this.queue.length && this.queue[this.head]!.fire === undefined) {
+      this.head++
+      this.cancelled = Math.max(0, this.cancelled - 1)
+    }
     if (this.head >= this.queue.length) {
       this.queue.length = 0
       this.head = 0
@@ -43,9 +67,11 @@ class Lane {
     const now = Date.now()
     while (this.head < this.queue.length && this.queue[this.head]!.at <= now) {
       const deadline = this.queue[this.head++]!
-      if (!deadline.cancelled) {
-        deadline.cancelled = true
-        deadline.fire()
+      const fire = deadline.fire
+      if (fire === undefined) this.cancelled = Math.max(0, this.cancelled - 1)
+      else {
+        deadline.fire = undefined
+        fire()
       }
     }
     this.arm(now)
@@ -65,11 +91,10 @@ export const deadline = (millis: number, fire: () => void, from: number = Date.n
     lane = new Lane()
     lanes.set(millis, lane)
   }
-  const entry: Deadline = { at: from + millis, fire, cancelled: false }
-  lane.add(entry)
-  return () => {
-    entry.cancelled = true
-  }
+  const entry: Deadline = { at: from + millis, fire }
+  const owner = lane
+  owner.add(entry)
+  return () => owner.cancel(entry)
 }
 
 /** An open stream that wants a comment after `intervalMillis` without data. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
+import { CapacityExhausted } from "@swarmgate/protocol"
 import { makeSimNode, makeSwarm, type NodeProfile, noFailures, type SimEvent } from "@swarmgate/swarm-sim"
 import { Chunk, Deferred, Effect, Exit, Fiber, Option, Random, Ref, Scope, Stream, TestClock } from "effect"
 import * as Dispatcher from "../src/Dispatcher"
@@ -366,26 +366,31 @@ describe("retries before the first event", () => {
     }).pipe(seeded),
   )
 
-  it.effect("tries at most maxAttempts nodes, each once, then fails with 502 upstream_error", () =>
-    Effect.gen(function* () {
-      const nodes = ["f1", "f2", "f3", "f4", "f5"].map((id) => fakeNode(id, { events: failsAtOnce(id) }))
-      const dispatcher = Dispatcher.make(presets, nodes, { maxAttempts: 3 })
-      const error = yield* Effect.flip(runToEnd(dispatcher))
-      expect(error).toBeInstanceOf(UpstreamError)
-      if (!(error instanceof UpstreamError)) return
-      expect([error.status, error.code, error.retryAfter]).toEqual([502, "upstream_error", undefined])
-      const tried = nodes.filter((n) => n.calls.length > 0)
-      expect(tried).toHaveLength(3)
-      for (const node of tried) expect(node.calls).toHaveLength(1)
-      for (const node of nodes) expect(dispatcher.inFlight(node.id)).toBe(0)
-    }).pipe(seeded),
+  it.effect(
+    "tries at most maxAttempts nodes, each once, then fails with 429 capacity_exhausted and Retry-After",
+    () =>
+      Effect.gen(function* () {
+        const nodes = ["f1", "f2", "f3", "f4", "f5"].map((id) => fakeNode(id, { events: failsAtOnce(id) }))
+        const dispatcher = Dispatcher.make(presets, nodes, { maxAttempts: 3 })
+        const error = yield* Effect.flip(runToEnd(dispatcher))
+        // Nothing was generated: capacity (spec §7.3 rules 5–6), not 502.
+        expect(error).toBeInstanceOf(CapacityExhausted)
+        if (!(error instanceof CapacityExhausted)) return
+        expect([error.status, error.code]).toEqual([429, "capacity_exhausted"])
+        expect(error.retryAfter).toBeGreaterThanOrEqual(1)
+        expect(error.retryAfter).toBeLessThanOrEqual(60)
+        const tried = nodes.filter((n) => n.calls.length > 0)
+        expect(tried).toHaveLength(3)
+        for (const node of tried) expect(node.calls).toHaveLength(1)
+        for (const node of nodes) expect(dispatcher.inFlight(node.id)).toBe(0)
+      }).pipe(seeded),
   )
 
   it.effect("with fewer nodes than attempts, tries each node once", () =>
     Effect.gen(function* () {
       const nodes = ["f1", "f2"].map((id) => fakeNode(id, { events: failsAtOnce(id) }))
       const dispatcher = Dispatcher.make(presets, nodes, { maxAttempts: 5 })
-      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(UpstreamError)
+      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(CapacityExhausted)
       expect(nodes.map((n) => n.calls.length)).toEqual([1, 1])
     }),
   )
@@ -394,7 +399,7 @@ describe("retries before the first event", () => {
     Effect.gen(function* () {
       const nodes = ["f1", "f2"].map((id) => fakeNode(id, { events: failsAtOnce(id) }))
       const dispatcher = Dispatcher.make(presets, nodes, { maxAttempts: 1 })
-      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(UpstreamError)
+      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(CapacityExhausted)
       expect(nodes[0]!.calls.length + nodes[1]!.calls.length).toBe(1)
     }),
   )

@@ -4,7 +4,7 @@
  * under TestClock where timing matters, simulated nodes for consensus.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
+import { CapacityExhausted } from "@swarmgate/protocol"
 import { makeProfiles, makeSimNode } from "@swarmgate/swarm-sim"
 import { Chunk, Effect, Either, Exit, Fiber, Option, Random, Scope, Stream, TestClock } from "effect"
 import * as Dispatcher from "../src/Dispatcher"
@@ -389,10 +389,10 @@ describe("circuit breakers", () => {
     }),
   )
 
-  it.effect("every node failing before its first token is a 502, free of charge", () =>
+  it.effect("every node failing before its first token is 429 capacity_exhausted, free of charge", () =>
     Effect.gen(function* () {
       const dispatcher = Dispatcher.make(presets, [flakyNode("a", () => true), flakyNode("b", () => true)])
-      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(UpstreamError)
+      expect(yield* Effect.flip(runToEnd(dispatcher))).toBeInstanceOf(CapacityExhausted)
     }),
   )
 })
@@ -551,13 +551,13 @@ describe("strategy consensus", () => {
     }).pipe(seeded),
   )
 
-  it.effect("authors that fail are replaced; with no answer at all it is a 502", () =>
+  it.effect("authors that fail are replaced; with no answer at all it is 429 capacity_exhausted", () =>
     Effect.gen(function* () {
       const dispatcher = Dispatcher.make(
         [consensusPreset],
         ["a", "b", "c", "d"].map((id) => flakyNode(id, () => true)),
       )
-      expect(yield* Effect.flip(runToEnd(dispatcher, consensusPreset))).toBeInstanceOf(UpstreamError)
+      expect(yield* Effect.flip(runToEnd(dispatcher, consensusPreset))).toBeInstanceOf(CapacityExhausted)
       const empty = Dispatcher.make([consensusPreset], [])
       expect(yield* Effect.flip(runToEnd(empty, consensusPreset))).toBeInstanceOf(CapacityExhausted)
     }),

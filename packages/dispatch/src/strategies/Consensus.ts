@@ -4,7 +4,7 @@
  * reputation) is returned. Rare and slow by nature, so written plainly with
  * Effect's concurrency: authors and judges are fibers, slots are scoped.
  */
-import { type CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
+import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
 import { Chunk, Clock, Deferred, Effect, Either, ExecutionStrategy, Exit, Random, Scope } from "effect"
 import { type Answer, complete, ended, modelRequest } from "../Attempt"
 import * as Judging from "../Consensus"
@@ -92,9 +92,8 @@ export const consensus = (
     )
     yield* Effect.race(all, deadline)
     if (answers.length === 0) {
-      return yield* Effect.fail(
-        new UpstreamError({ message: "The request failed before generation on every node tried." }),
-      )
+      // No author produced an answer: nothing was generated, which is capacity (429), not 502.
+      return yield* Effect.fail(capacityExhausted(ctx, preset, yield* Clock.currentTimeMillis))
     }
     const collected = [...answers]
     const authors = collected.map((a) => a.nodeId)

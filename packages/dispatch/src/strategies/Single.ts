@@ -10,7 +10,7 @@
  * inbox; one alarm covers the hedge and every first-token limit. No queue,
  * race, timeout or fork-join per request.
  */
-import { type CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
+import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
 import { type Chunk, Effect, type Exit, type Option, Scope } from "effect"
 import {
   type Attempt,
@@ -227,8 +227,7 @@ export const single = (
         if (replacement !== undefined) continue
       }
       stopAlarm()
-      return yield* Effect.fail(
-        new UpstreamError({ message: "The request failed before generation on every node tried." }),
-      )
+      // Nothing was generated: no node could start it, which is capacity (429), not a failure (502).
+      return yield* Effect.fail(capacityExhausted(ctx, preset, clockNow()))
     }
   })

@@ -61,8 +61,24 @@ export interface StrategyContext {
   readonly onConsensus: ((trace: ConsensusTrace) => void) | undefined
 }
 
-export const capacityExhausted = (ctx: StrategyContext, preset: Preset) =>
-  new CapacityExhausted({
+/**
+ * 429 `capacity_exhausted`: no node could start the request — all busy, or
+ * every one tried refused or failed before its first token (spec §7.3: 502
+ * and 504 are for failures after generation started). Retry-After comes from
+ * the nodes' state: the soonest an open circuit tries again, else the dispatch
+ * queue's wait (at least 1 s); 1–60 s.
+ */
+export const capacityExhausted = (ctx: StrategyContext, preset: Preset, now: number = Date.now()) => {
+  let waitMillis = Number.POSITIVE_INFINITY
+  for (const entry of ctx.pool.serving(preset.id)) {
+    const wait =
+      entry.health.circuit === "open" ? entry.health.openUntil - now : Math.max(1_000, ctx.queueWaitMillis)
+    if (wait < waitMillis) waitMillis = wait
+  }
+  // No node serves the preset at all: one may register soon.
+  if (!Number.isFinite(waitMillis)) waitMillis = 5_000
+  return new CapacityExhausted({
     message: `No capacity for ${preset.id} right now; retry after the indicated delay.`,
-    retryAfterSeconds: Math.min(60, Math.max(1, Math.ceil(ctx.queueWaitMillis / 1000))),
+    retryAfterSeconds: Math.min(60, Math.max(1, Math.ceil(waitMillis / 1000))),
   })
+}

@@ -1,0 +1,61 @@
+/**
+ * The shared deadline lists and keep-alive interval: what fires fires once and
+ * in order, what is cancelled never fires, and cancelled deadlines are shed.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import * as Timers from "../src/Timers"
+
+const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
+
+describe("Timers", () => {
+  it("deadlines of one duration fire once each, in order; cancelled ones never", async () => {
+    const fired: Array<number> = []
+    const cancels: Array<() => void> = []
+    for (let i = 0; i < 10; i++) cancels.push(Timers.deadline(30, () => fired.push(i)))
+    cancels[3]!()
+    cancels[7]!()
+    await sleep(80)
+    expect(fired).toEqual([0, 1, 2, 4, 5, 6, 8, 9])
+    // A cancel after firing is harmless.
+    for (const cancel of cancels) cancel()
+    await sleep(10)
+    expect(fired).toHaveLength(8)
+  })
+
+  it("counts from the given start: an earlier start falls due first", async () => {
+    const fired: Array<string> = []
+    const now = Date.now()
+    Timers.deadline(60, () => fired.push("arrived now"), now)
+    Timers.deadline(60, () => fired.push("arrived 40 ms ago"), now - 40)
+    await sleep(120)
+    expect(fired).toEqual(["arrived 40 ms ago", "arrived now"])
+  })
+
+  it("10,000 cancelled deadlines are shed and the lane still fires what is due", async () => {
+    let called = 0
+    for (let i = 0; i < 10_000; i++) Timers.deadline(600_000, () => called++)()
+    let fired = false
+    Timers.deadline(
+      600_000,
+      () => {
+        fired = true
+      },
+      Date.now() - 600_000,
+    )
+    await sleep(30)
+    expect(fired).toBe(true)
+    expect(called).toBe(0)
+  })
+
+  it("keep-alives share one interval and stop pinging a removed stream", async () => {
+    let pings = 0
+    const stream: Timers.KeepAliveStream = { lastWrite: Date.now(), intervalMillis: 20, ping: () => pings++ }
+    const remove = Timers.keepAlive(stream)
+    await sleep(90)
+    expect(pings).toBeGreaterThan(0)
+    remove()
+    const after = pings
+    await sleep(60)
+    expect(pings).toBe(after)
+  })
+})
