@@ -23,6 +23,7 @@
  */
 import { execFileSync } from "node:child_process"
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { type AddressInfo, createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { parseArgs } from "node:util"
@@ -100,6 +101,38 @@ const startScript = async (name: string, script: string, args: ReadonlyArray<str
   return { child, url: `http://127.0.0.1:${ready.port}` }
 }
 
+const freePort = () =>
+  new Promise<number>((resolve, reject) => {
+    const server = createServer()
+    server.once("error", reject)
+    server.listen(0, "127.0.0.1", () => {
+      const port = (server.address() as AddressInfo).port
+      server.close(() => resolve(port))
+    })
+  })
+
+/**
+ * The Portkey OSS gateway (a devDependency), headless, on this machine only: it
+ * proxies to `upstream` as a custom OpenAI host, named per request by headers.
+ */
+const startPortkey = async (upstream: string) => {
+  const port = await freePort()
+  const { child } = await startChild({
+    name: "portkey",
+    script: join(REPO_ROOT, "node_modules/@portkey-ai/gateway/build/start-server.js"),
+    args: [`--port=${port}`, "--headless"],
+    env: { NODE_ENV: "production" },
+    cpus: String(CORE_GENERATOR),
+    ready: (output) => (output.includes("Ready for connections") ? true : undefined),
+  })
+  children.push(child)
+  return {
+    child,
+    url: `http://127.0.0.1:${port}`,
+    headers: { "x-portkey-provider": "openai", "x-portkey-custom-host": `${upstream}/v1` },
+  }
+}
+
 const stopChild = async (child: Child) => {
   children.splice(children.indexOf(child), 1)
   await child.stop(5000)
@@ -156,6 +189,7 @@ interface Endpoint {
   readonly key: string
   readonly model: string
   readonly pid: number
+  readonly headers?: Readonly<Record<string, string>> | undefined
 }
 
 interface Mode {
@@ -181,6 +215,7 @@ const loadOptions = (
 ): LoadOptions => ({
   url: `${endpoint.url}/v1/chat/completions`,
   key: endpoint.key,
+  headers: endpoint.headers,
   model: endpoint.model,
   stream: mode.stream,
   maxTokens: 256,
@@ -295,6 +330,7 @@ const main = async () => {
     ])
     const file = nodesFile(instant.url, "instant")
     const swarmgate = await startSwarmgate({ SWARMGATE_NODES_FILE: file })
+    const portkey = await startPortkey(instant.url)
     const endpoints: ReadonlyArray<Endpoint> = [
       { target: "direct", url: instant.url, key: "none", model: "instant", pid: instant.child.pid },
       { target: "bare proxy", url: proxy.url, key: "none", model: "instant", pid: proxy.child.pid },
@@ -311,6 +347,14 @@ const main = async () => {
         key: swarmgate.key,
         model: "swarm-prime",
         pid: swarmgate.gateway.child.pid,
+      },
+      {
+        target: "Portkey",
+        url: portkey.url,
+        key: "none",
+        model: "instant",
+        pid: portkey.child.pid,
+        headers: portkey.headers,
       },
     ]
     const sat = { c: 32, duration: seconds(4), warmup: seconds(1.5) }
@@ -784,6 +828,17 @@ const targets = (
       measured: `${fmt(c.redis, 2)} commands per request`,
       met: c.redis <= 2,
     })
+  for (const mode of ["json", "sse-20", "sse-200"]) {
+    const g = get(mode, "swarmgate")
+    const p = get(mode, "Portkey")
+    if (g === undefined || p === undefined) continue
+    const r = g.rps / p.rps
+    out.push({
+      target: `${mode.toUpperCase()} throughput ≥ 8 × Portkey OSS`,
+      measured: `${fmt(r, 2)}× (${fmt(g.rps)} vs ${fmt(p.rps)} req/s)`,
+      met: r >= 8,
+    })
+  }
   const gs = get("sse-20", "swarmgate")
   const ds = get("sse-20", "direct")
   if (gs !== undefined && ds !== undefined) {

@@ -22,9 +22,12 @@ export interface ClientOptions {
   readonly body: string
   readonly connections: number
   readonly timeoutMillis: number
+  /** More request headers (a peer gateway's routing headers, for instance). */
+  readonly headers?: Readonly<Record<string, string>> | undefined
 }
 
 const headersOf = (options: ClientOptions, length: number) => ({
+  ...options.headers,
   authorization: `Bearer ${options.key}`,
   "content-type": "application/json",
   "content-length": String(length),

@@ -31,6 +31,8 @@ export interface LoadOptions {
   readonly maxTokens: number | undefined
   readonly prompt: string
   readonly extra: Readonly<Record<string, unknown>>
+  /** More request headers; not settable from the command line (the bench uses it for a peer gateway). */
+  readonly headers?: Readonly<Record<string, string>> | undefined
   readonly concurrency: number
   /** Requests per second of the open loop (Poisson arrivals); unset = closed loop. */
   readonly rate: number | undefined

@@ -69,6 +69,7 @@ export const run = async (options: LoadOptions, hooks: RunHooks = {}): Promise<L
     body: requestBody(options),
     connections: options.concurrency,
     timeoutMillis: options.timeoutMillis,
+    headers: options.headers,
   })
   const loopDelay = monitorEventLoopDelay({ resolution: 5 })
   loopDelay.enable()
