@@ -35,6 +35,13 @@ export interface ApiKeysShape {
   readonly invalidateKey: (keyId: string) => Effect.Effect<void>
   readonly invalidateAccount: (accountId: string) => Effect.Effect<void>
   readonly invalidateAll: Effect.Effect<void>
+  /**
+   * Calls `onChange` each time the key or its account is invalidated on this
+   * instance — by the admin API here, or by another instance through the
+   * invalidation bus — so that work running with it can look again (a revoked
+   * key stops its running requests). Returns the removal.
+   */
+  readonly watch: (keyId: string, accountId: string, onChange: () => void) => () => void
 }
 
 export class ApiKeys extends Context.Tag("@swarmgate/auth/ApiKeys")<ApiKeys, ApiKeysShape>() {}
@@ -116,10 +123,33 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       }
     }
 
-    const dropWhere = (match: (p: Principal) => boolean) =>
+    // Watchers by `k:<key id>` and `a:<account id>`.
+    const watchers = new Map<string, Set<() => void>>()
+    const notify = (name: string | undefined) => {
+      const found =
+        name === undefined
+          ? [...watchers.values()].flatMap((set) => [...set])
+          : [...(watchers.get(name) ?? [])]
+      for (const onChange of found) onChange()
+    }
+    const watchOn = (name: string, onChange: () => void) => {
+      let set = watchers.get(name)
+      if (set === undefined) {
+        set = new Set()
+        watchers.set(name, set)
+      }
+      set.add(onChange)
+      return () => {
+        set.delete(onChange)
+        if (set.size === 0) watchers.delete(name)
+      }
+    }
+
+    const dropWhere = (match: (p: Principal) => boolean, watched: string | undefined) =>
       Effect.sync(() => {
         for (const [hash, entry] of cache)
           if (entry.principal !== undefined && match(entry.principal)) cache.delete(hash)
+        notify(watched)
       })
 
     const service: ApiKeysShape = {
@@ -131,9 +161,20 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
           Effect.flatMap(lookup(hashKey(key), now), (principal) => check(principal, now)),
         )
       },
-      invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId),
-      invalidateAccount: (accountId) => dropWhere((p) => p.account.id === accountId),
-      invalidateAll: Effect.sync(() => cache.clear()),
+      invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, `k:${keyId}`),
+      invalidateAccount: (accountId) => dropWhere((p) => p.account.id === accountId, `a:${accountId}`),
+      invalidateAll: Effect.sync(() => {
+        cache.clear()
+        notify(undefined)
+      }),
+      watch: (keyId, accountId, onChange) => {
+        const offKey = watchOn(`k:${keyId}`, onChange)
+        const offAccount = watchOn(`a:${accountId}`, onChange)
+        return () => {
+          offKey()
+          offAccount()
+        }
+      },
     }
     return service
   })

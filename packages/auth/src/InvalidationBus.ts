@@ -92,6 +92,7 @@ export const make = (
 
     const service: ApiKeysShape = {
       authenticate: inner.authenticate,
+      watch: inner.watch,
       invalidateKey: (keyId) => Effect.zipRight(inner.invalidateKey(keyId), publish(`k:${keyId}`)),
       invalidateAccount: (accountId) =>
         Effect.zipRight(inner.invalidateAccount(accountId), publish(`a:${accountId}`)),

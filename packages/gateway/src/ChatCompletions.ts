@@ -7,6 +7,7 @@
 import type { ServerResponse } from "node:http"
 import { Dispatcher, type NodeFailure, type NodePull, Timers } from "@swarmgate/dispatch"
 import {
+  type ApiError,
   type CapacityExhausted,
   type FinishReason,
   REQUEST_ID_HEADER,
@@ -80,8 +81,14 @@ export interface RespondHooks {
   readonly onRun?: ((run: Dispatcher.NodeRun) => Effect.Effect<void>) | undefined
   /** Registers `halt` for the drain deadline; returns its removal. A halted answer ends as `upstream_error`. */
   readonly onHalt?: ((halt: () => void) => () => void) | undefined
-  /** The answer was stopped (running-time limit, drain) with this wire code. */
+  /** The answer was stopped (running-time limit, drain, revocation) with this wire code. */
   readonly onStopped?: ((code: string) => void) | undefined
+  /**
+   * Registers `revoke` for the answer's key and account (spec §5: revoking a
+   * key stops the applications using it): called with the refusal the key now
+   * gets (401 / 403). Returns its removal.
+   */
+  readonly onRevocation?: ((revoke: (error: ApiError) => void) => () => void) | undefined
 }
 
 const HALTED = "The server is shutting down; the answer was cut at the drain deadline."
@@ -134,7 +141,7 @@ const usageJson = (prompt: number, completion: number) =>
   `{"prompt_tokens":${prompt},"completion_tokens":${completion},"total_tokens":${prompt + completion}}`
 
 /** Why an answer was stopped from outside its fiber. */
-type Stop = "upstream_timeout" | "halted"
+type Stop = "upstream_timeout" | "halted" | { readonly revoked: ApiError }
 
 /**
  * Answers the request on `res`, in the caller's scope (the node stream and
@@ -164,6 +171,7 @@ export const respond = (
     let stopped: Stop | undefined
     let offHalt: (() => void) | undefined
     let offKeepAlive: (() => void) | undefined
+    let offRevocation: (() => void) | undefined
     const stop = (why: Stop) => {
       if (stopped !== undefined || outcome.status !== "pending") return
       stopped = why
@@ -171,17 +179,29 @@ export const respond = (
       fiber.unsafeInterruptAsFork(FiberId.none)
     }
     const cancelDeadline = Timers.deadline(request.preset.timeoutMillis, () => stop("upstream_timeout"))
+    if (hooks.onRevocation !== undefined)
+      offRevocation = hooks.onRevocation((error) => stop({ revoked: error }))
 
     /** The answer of a stopped request, written once its fiber was interrupted. */
     const writeStopped = (why: Stop) => {
-      hooks.onStopped?.(why === "upstream_timeout" ? "upstream_timeout" : "upstream_error")
+      hooks.onStopped?.(
+        why === "upstream_timeout"
+          ? "upstream_timeout"
+          : typeof why === "object" && !outcome.headersSent
+            ? why.revoked._tag === "ValidationFailed"
+              ? "validation_failed"
+              : why.revoked.code
+            : "upstream_error",
+      )
       if (res.writableEnded || res.destroyed) return
       if (outcome.headersSent) {
         outcome.completionTokens = Tokens.count(text.text)
         const message =
           why === "upstream_timeout"
             ? "The request reached its running-time limit after the stream started."
-            : HALTED
+            : why === "halted"
+              ? HALTED
+              : `The request was ended: ${why.revoked.message}`
         // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
         res.end(
           SseEncoder.encodeData(
@@ -192,7 +212,11 @@ export const respond = (
       }
       if (outcome.started) outcome.completionTokens = Tokens.count(text.text)
       const rendered = renderError(
-        why === "upstream_timeout" ? timedOut() : new UpstreamError({ message: HALTED }),
+        why === "upstream_timeout"
+          ? timedOut()
+          : why === "halted"
+            ? new UpstreamError({ message: HALTED })
+            : why.revoked,
         requestId,
       )
       res.writeHead(rendered.status, {
@@ -209,6 +233,7 @@ export const respond = (
         cancelDeadline()
         offHalt?.()
         offKeepAlive?.()
+        offRevocation?.()
         if (stopped !== undefined) writeStopped(stopped)
         // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
         else if (outcome.started && outcome.status === "pending")

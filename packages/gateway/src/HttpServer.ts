@@ -26,13 +26,13 @@ import {
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
 import type { Quota } from "@swarmgate/quota"
-import { Cause, Effect, Either, FiberId, Option, Redacted, Runtime, Scope } from "effect"
+import { Cause, Effect, Either, Exit, FiberId, Option, Redacted, Runtime, Scope } from "effect"
 import { handleAdmin } from "./Admin"
 import * as AdminNodes from "./AdminNodes"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
-import { onClientError } from "./internal/ClientErrors"
+import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
 import * as Operations from "./Operations"
@@ -215,14 +215,20 @@ const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: st
       config.maxImageBytes,
     )
     Operations.noteRequest(res, request)
-    yield* Effect.scoped(serve(res, requestId, principal, request))
+    yield* Effect.scoped(serve(req, res, requestId, principal, request))
   })
 
 /**
  * Admission, the hold and the answer, in one scope: the node stream, the
  * permit and the hold are released there, whatever ends the request.
  */
-const serve = (res: ServerResponse, requestId: string, principal: Principal, request: NormalizedRequest) =>
+const serve = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  principal: Principal,
+  request: NormalizedRequest,
+) =>
   Effect.gen(function* () {
     const outcome = ChatCompletions.newOutcome()
     const gauges = Operations.gauges(res)
@@ -238,14 +244,31 @@ const serve = (res: ServerResponse, requestId: string, principal: Principal, req
       Operations.noteSettled(res, settlement, entry),
     )
     // The permit is committed the moment generation starts: failures before leave no count.
-    yield* ChatCompletions.respond(
-      res,
-      requestId,
-      request,
-      outcome,
-      Operations.respondHooks(res, () => permit.commit),
-    )
+    yield* ChatCompletions.respond(res, requestId, request, outcome, {
+      ...Operations.respondHooks(res, () => permit.commit),
+      onRevocation: yield* revocation(req, principal),
+    })
   })
+
+/**
+ * Spec §5: revoking a key stops the applications using it. When the key or
+ * its account changes (here or, through the invalidation bus, on another
+ * instance), the request's key is checked again; a refusal now ends it.
+ */
+const revocation = (req: IncomingMessage, principal: Principal) =>
+  Effect.map(
+    Effect.zip(ApiKeys.ApiKeys, Effect.runtime<never>()),
+    ([apiKeys, runtime]) =>
+      (revoke: (error: ApiError) => void) =>
+        apiKeys.watch(principal.key.id, principal.account.id, () => {
+          Runtime.runFork(runtime)(apiKeys.authenticate(req.headers.authorization)).addObserver((exit) => {
+            if (Exit.isSuccess(exit)) return
+            const failure = Cause.failureOption(exit.cause)
+            // Storage trouble says nothing about the key: the request runs on.
+            if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
+          })
+        }),
+  )
 
 /** Vision is a property of the nodes behind a preset; nodes come and go, so it is looked up per request. */
 const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetView | undefined => {
@@ -345,6 +368,26 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     const startedAt = Date.now()
     const requestId = newRequestId()
     res.setHeader(REQUEST_ID_HEADER, requestId)
+    // RFC 9112 §3.2.2: a server MUST accept the absolute form of a request target; it is routed by its path.
+    const target = req.url ?? "/"
+    if (!target.startsWith("/")) {
+      try {
+        const url = new URL(target)
+        req.url = `${url.pathname}${url.search}`
+      } catch {
+        req.url = "/"
+      }
+    }
+    // RFC 9112 §3.2: an HTTP/1.1 request without Host is 400 (Node's own answer would carry no request id).
+    if (req.headers.host === undefined && req.httpVersionMajor === 1 && req.httpVersionMinor === 1) {
+      writeError(
+        req,
+        res,
+        requestId,
+        new InvalidRequest({ message: "An HTTP/1.1 request must carry a Host header.", param: null }),
+      )
+      return
+    }
     if (ops !== undefined) {
       const url = req.url ?? "/"
       const q = url.indexOf("?")
@@ -406,10 +449,14 @@ export const listen = (options: ListenOptions) =>
         headersTimeout: Math.min(config.headersTimeoutMillis, config.bodyTimeoutMillis + 5_000),
         keepAliveTimeout: 5_000,
         connectionsCheckingInterval: Math.min(1_000, config.bodyTimeoutMillis, config.headersTimeoutMillis),
+        // Checked by the listener, so that the 400 carries a request id like every answer.
+        requireHostHeader: false,
       },
       makeListener(runtime, ops),
     )
     server.on("clientError", onClientError)
+    server.on("checkExpectation", onUnmetExpectation)
+    server.on("connect", onConnect)
     yield* Effect.acquireRelease(
       Effect.async<void, Error>((resume) => {
         server.once("error", (e) => resume(Effect.fail(e)))
