@@ -1,11 +1,13 @@
 /**
- * Requests node:http refuses before the listener sees them — a malformed
- * request line or header, conflicting lengths, headers over the size limit,
- * headers not complete within the headers timeout — get the error envelope
- * and an `x-request-id` like every other refusal, not Node's bare status line.
+ * Requests node:http would answer (or drop) before the listener sees them —
+ * a malformed request line or header, conflicting lengths, headers over the
+ * size limit, headers not complete within the headers timeout, an `Expect`
+ * it cannot meet, `CONNECT` — get an `x-request-id` like every other answer
+ * (spec §1), and the error envelope where a §7 code applies, not Node's bare
+ * status line or a dropped connection.
  */
 import { randomUUID } from "node:crypto"
-import { STATUS_CODES } from "node:http"
+import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http"
 import type { Duplex } from "node:stream"
 import { type ApiError, InvalidRequest, RequestTimeout, renderError } from "@swarmgate/protocol"
 
@@ -25,7 +27,7 @@ export const onClientError = (error: Error & { readonly code?: string }, socket:
   // Like Node's default: never write into the middle of a response already on its way.
   const inFlight = (socket as { _httpMessage?: { headersSent?: boolean } | null })._httpMessage
   if (error.code !== "ECONNRESET" && socket.writable && !inFlight?.headersSent) {
-    const requestId = `req_${randomUUID().replaceAll("-", "")}`
+    const requestId = newRequestId()
     const rendered = renderError(errorFor(error.code), requestId)
     const headers = {
       ...rendered.headers,
@@ -41,4 +43,21 @@ export const onClientError = (error: Error & { readonly code?: string }, socket:
     return
   }
   socket.destroy()
+}
+
+const newRequestId = () => `req_${randomUUID().replaceAll("-", "")}`
+
+/** The `checkExpectation` listener: an `Expect` other than `100-continue` is 417, empty, with its request id. */
+export const onUnmetExpectation = (_req: IncomingMessage, res: ServerResponse) => {
+  res.writeHead(417, { "x-request-id": newRequestId(), "content-length": "0", connection: "close" })
+  res.end()
+}
+
+/** The `connect` listener: `CONNECT` is a method no path here accepts (405 with `Allow`), never a dropped connection. */
+export const onConnect = (_req: IncomingMessage, socket: Duplex) => {
+  socket.on("error", () => socket.destroy())
+  socket.end(
+    `HTTP/1.1 405 ${STATUS_CODES[405]}\r\nallow: GET, HEAD, POST\r\nx-request-id: ${newRequestId()}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n`,
+  )
+  setTimeout(() => socket.destroy(), 1_000).unref()
 }
