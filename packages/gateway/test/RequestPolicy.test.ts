@@ -41,6 +41,9 @@ describe("RequestPolicy", () => {
       expect((yield* run({ ...base, max_tokens: 50, max_completion_tokens: 20 })).maxTokens).toBe(20)
       expect((yield* run({ ...base, max_tokens: 10, max_completion_tokens: null })).maxTokens).toBe(10)
       expect((yield* run({ ...base, max_tokens: 10_000_000 })).maxTokens).toBe(prime!.maxOutputTokens)
+      // Beyond 2^53 a cap is still an integer, and clamped like any other (README: request fields).
+      expect((yield* run({ ...base, max_tokens: 2 ** 53 })).maxTokens).toBe(prime!.maxOutputTokens)
+      expect((yield* run({ ...base, max_completion_tokens: 1e300 })).maxTokens).toBe(prime!.maxOutputTokens)
     }),
   )
 

@@ -52,11 +52,20 @@ export type ResponseFormat = typeof ResponseFormat.Type
 
 export const Stop = Schema.Union(Schema.String, Schema.Array(Schema.String))
 
+/**
+ * A token cap: any whole number. `Schema.Int` would refuse integers beyond
+ * 2^53 as "not an integer"; a cap that large is an integer all the same, and
+ * is clamped to what the preset can produce like any other (README).
+ */
+const TokenCap = Schema.Number.pipe(
+  Schema.filter((n) => Number.isInteger(n), { message: () => "Expected an integer" }),
+)
+
 export const ChatCompletionRequest = Schema.Struct({
   model: Schema.String,
   messages: Schema.Array(Message),
-  max_completion_tokens: optionalNullable(Schema.Int),
-  max_tokens: optionalNullable(Schema.Int),
+  max_completion_tokens: optionalNullable(TokenCap),
+  max_tokens: optionalNullable(TokenCap),
   stream: optionalNullable(Schema.Boolean),
   stream_options: optionalNullable(StreamOptions),
   response_format: optionalNullable(ResponseFormat),
