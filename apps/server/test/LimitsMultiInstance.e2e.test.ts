@@ -3,19 +3,12 @@
  * limit, the daily quota, the concurrency limit and its queue hold for the
  * pair, not per process; and a killed process's slot comes back within a lease.
  */
-import { randomBytes } from "node:crypto"
-import { mkdtempSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { RedisStore } from "@swarmgate/quota"
-import { Effect } from "effect"
+import { describe, expect, it } from "@effect/vitest"
 import OpenAI from "openai"
-import { createKey, type RunningServer, startServer } from "./support/ServerProcess"
+import { pairSkipped, usePair } from "./support/InstancePair"
+import { createKey, type RunningServer } from "./support/ServerProcess"
 
-const redisUrl = process.env.TEST_REDIS_URL
-const required = process.env.SWARMGATE_REQUIRE_SERVICES === "1"
-if (redisUrl === undefined && !required) {
+if (pairSkipped) {
   console.warn(
     "[skip] limits across instances: TEST_REDIS_URL is not set, so the two-instance tests do not run",
   )
@@ -25,31 +18,13 @@ const MESSAGES = [{ role: "user" as const, content: "Name a river." }]
 const LONG = [{ role: "user" as const, content: "Write a long, detailed essay about every river of Europe." }]
 const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
 
-describe.skipIf(redisUrl === undefined && !required)("limits across two instances", () => {
-  const prefix = `test:multi:${randomBytes(6).toString("hex")}:`
-  const dir = mkdtempSync(join(tmpdir(), "swarmgate-multi-"))
+describe.skipIf(pairSkipped)("limits across two instances", () => {
   let a: RunningServer
   let b: RunningServer
-
-  beforeAll(async () => {
-    if (redisUrl === undefined) throw new Error("TEST_REDIS_URL is required (SWARMGATE_REQUIRE_SERVICES=1)")
-    const env = {
-      REDIS_URL: redisUrl,
-      SWARMGATE_REDIS_PREFIX: prefix,
-      SWARMGATE_LEASE_MS: "1500",
-      SWARMGATE_SIM_SPEED: "1",
-      DATABASE_URL: `sqlite:${join(dir, "shared.db")}`,
-    }
-    // One after the other: the first runs the migrations.
-    a = await startServer(env)
-    b = await startServer(env)
-  }, 60_000)
-
-  afterAll(async () => {
-    await Promise.all([a?.stop(), b?.stop()])
-    rmSync(dir, { recursive: true, force: true })
-    if (redisUrl !== undefined) await Effect.runPromise(RedisStore.reset({ url: redisUrl, prefix }))
-  }, 30_000)
+  usePair("multi", { SWARMGATE_LEASE_MS: "1500" }, (first, second) => {
+    a = first
+    b = second
+  })
 
   const clients = (key: string) =>
     [a, b].map((server) => new OpenAI({ apiKey: key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 }))

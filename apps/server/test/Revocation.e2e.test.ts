@@ -5,17 +5,9 @@
  * this instance, and on another one sharing the key store through Redis — and
  * is charged for what ran; a JSON request gets the key's refusal.
  */
-import { randomBytes } from "node:crypto"
-import { mkdtempSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { RedisStore } from "@swarmgate/quota"
-import { Effect } from "effect"
+import { pairSkipped, usePair } from "./support/InstancePair"
 import { createKey, type RunningServer, startServer } from "./support/ServerProcess"
-
-const redisUrl = process.env.TEST_REDIS_URL
-const required = process.env.SWARMGATE_REQUIRE_SERVICES === "1"
 
 // A long answer at real speed: it would run for tens of seconds if nothing stopped it.
 const LONG = {
@@ -152,29 +144,13 @@ describe("revocation on one instance", () => {
   })
 })
 
-describe.skipIf(redisUrl === undefined && !required)("revocation across two instances", () => {
-  const prefix = `test:revoke:${randomBytes(6).toString("hex")}:`
-  const dir = mkdtempSync(join(tmpdir(), "swarmgate-revoke-"))
+describe.skipIf(pairSkipped)("revocation across two instances", () => {
   let a: RunningServer
   let b: RunningServer
-
-  beforeAll(async () => {
-    if (redisUrl === undefined) throw new Error("TEST_REDIS_URL is required (SWARMGATE_REQUIRE_SERVICES=1)")
-    const env = {
-      REDIS_URL: redisUrl,
-      SWARMGATE_REDIS_PREFIX: prefix,
-      SWARMGATE_SIM_SPEED: "1",
-      DATABASE_URL: `sqlite:${join(dir, "shared.db")}`,
-    }
-    a = await startServer(env)
-    b = await startServer(env)
-  }, 60_000)
-
-  afterAll(async () => {
-    await Promise.all([a?.stop(), b?.stop()])
-    rmSync(dir, { recursive: true, force: true })
-    if (redisUrl !== undefined) await Effect.runPromise(RedisStore.reset({ url: redisUrl, prefix }))
-  }, 30_000)
+  usePair("revoke", {}, (first, second) => {
+    a = first
+    b = second
+  })
 
   it("revoking through one instance ends the stream running on the other", async () => {
     const { key, keyId } = await createKey(a, { balance_usd: 100 })
