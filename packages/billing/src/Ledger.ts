@@ -39,7 +39,7 @@ export const chargeId = (requestId: string) => `chg_${requestId}`
  * 10 parameters a row stays far below SQLite's and PostgreSQL's limits.
  */
 const CHUNK_SIZES = [128, 32, 8, 1]
-/** Ids per `IN (…)` of a read. */
+/** Ids per `IN (…)` of a read; rows per statement of a PostgreSQL batch. */
 const IDS_PER_READ = 200
 
 const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
@@ -91,7 +91,11 @@ export const writeBatch = (
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql.withTransaction(
       Effect.gen(function* () {
-        for (const chunk of chunks(entries)) {
+        // SQLite (in this process) caches prepared statements by text: fixed chunk sizes keep that cache
+        // hot. PostgreSQL prepares nothing here, and each statement is a round trip inside the
+        // transaction: as few statements as possible.
+        const cut = sql.onDialectOrElse({ sqlite: () => chunks(entries), orElse: () => slices(entries, 200) })
+        for (const chunk of cut) {
           yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
           yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
         }
