@@ -98,16 +98,17 @@ describe("revocation on one instance", () => {
 
   it("disabling a key or suspending its account ends its streams too; other changes do not", async () => {
     const { key, keyId, accountId } = await createKey(server, { balance_usd: 100 })
+    // A change that leaves the key usable (a new spend limit) stops nothing: the stream runs on,
+    // or has ended by itself with [DONE], never with the error event.
     const untouched = await stream(server, key)
-    // A change that leaves the key usable (a new spend limit) does not stop anything.
     expect((await server.admin("PATCH", `/keys/${keyId}`, { spend_limit_usd: 50 })).status).toBe(200)
     await new Promise((r) => setTimeout(r, 300))
-    expect(untouched.events.at(-1)).not.toContain('"error"')
+    expect(untouched.events.some((e) => e.includes('"error"'))).toBe(false)
+
     const disabled = await stream(server, key)
     const disabledAt = Date.now()
     expect((await server.admin("PATCH", `/keys/${keyId}`, { disabled: true })).status).toBe(200)
     await expectCutByRevocation(disabled, disabledAt)
-    await expectCutByRevocation(untouched, disabledAt)
 
     const other = await createKey(server, { balance_usd: 100 })
     const suspended = await stream(server, other.key)
