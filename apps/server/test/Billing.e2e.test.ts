@@ -20,6 +20,7 @@ import {
   eventually,
   expectLedgerConsistent,
   micros,
+  NO_LIMITS,
   type PriceView,
   priceOf,
   promptTokens,
@@ -173,16 +174,17 @@ describe("settlement", () => {
 })
 
 describe("refusals", () => {
-  it("each limit refuses with its code, and a refused request leaves no record and no charge", async () => {
+  it("a limit that cannot pay the prompt and one token refuses with its code; a refused request leaves no record and no charge", async () => {
     const maxTokens = 100
-    const hold = worstCase(maxTokens)
-    const poor = await billedKey(server, { balance_usd: (hold - 1) / 1e6 })
-    const disputed = await billedKey(server, { balance_usd: (hold - 1) / 1e6 })
+    // Spec §5.7: the No codes mean the limit itself is too low, not that the worst case does not fit.
+    const minimum = worstCase(1)
+    const poor = await billedKey(server, { balance_usd: (minimum - 1) / 1e6 })
+    const disputed = await billedKey(server, { balance_usd: (minimum - 1) / 1e6 })
     expect(
       (await server.admin("PATCH", `/accounts/${disputed.accountId}`, { payment_hold: true })).status,
     ).toBe(200)
-    const monthly = await billedKey(server, { balance_usd: 1, monthly_spend_limit_usd: (hold - 1) / 1e6 })
-    const keyLimited = await billedKey(server, { balance_usd: 1 }, { spend_limit_usd: (hold - 1) / 1e6 })
+    const monthly = await billedKey(server, { balance_usd: 1, monthly_spend_limit_usd: (minimum - 1) / 1e6 })
+    const keyLimited = await billedKey(server, { balance_usd: 1 }, { spend_limit_usd: (minimum - 1) / 1e6 })
 
     const refused: Array<string> = []
     for (const stream of [false, true]) {
@@ -227,21 +229,106 @@ describe("refusals", () => {
       "invalid_request_error",
       "invalid_request",
     )
-    // A smaller cap fits where the larger did not: the hold is the worst case, not a guess.
-    expect((await post(server, keyLimited.key, { max_tokens: 5 })).status).toBe(200)
 
-    for (const issued of [poor, disputed, monthly]) {
+    for (const issued of [poor, disputed, monthly, keyLimited]) {
       expect(await usageOf(server, issued.accountId)).toEqual([])
       const account = await accountOf(server, issued.accountId)
       expect(account.held_usd).toBe(0)
       expect(account.spent_month_usd).toBe(0)
     }
-    expect(micros((await accountOf(server, poor.accountId)).balance_usd)).toBe(hold - 1)
+    expect(micros((await accountOf(server, poor.accountId)).balance_usd)).toBe(minimum - 1)
     expect(micros((await accountOf(server, monthly.accountId)).balance_usd)).toBe(1_000_000)
-    const limitedUsage = await settledLedger(server, keyLimited.accountId, 1_000_000)
-    expect(limitedUsage).toHaveLength(1)
-    expect(refused.some((id) => limitedUsage.some((u) => u.request_id === id))).toBe(false)
+    expect(refused).toHaveLength(8)
   })
+
+  it("a limit between the minimum and the worst case serves the request, capped at what it pays (finish_reason length)", async () => {
+    const cap = 12
+    // Enough for the prompt and 12 completion tokens, not 13: each limit in turn.
+    const budget = worstCase(cap)
+    const byBalance = await billedKey(server, { balance_usd: budget / 1e6 })
+    const byMonth = await billedKey(server, { balance_usd: 1, monthly_spend_limit_usd: budget / 1e6 })
+    const byKey = await billedKey(server, { balance_usd: 1 }, { spend_limit_usd: budget / 1e6 })
+    for (const [issued, credited, status] of [
+      [byBalance, budget, 429],
+      [byMonth, 1_000_000, 402],
+      [byKey, 1_000_000, 429],
+    ] as const) {
+      const client = new OpenAI({ apiKey: issued.key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 })
+      const completion = await client.chat.completions.create({
+        model: "swarm-prime",
+        messages: MESSAGES,
+        max_tokens: 2_000,
+      })
+      expect(completion.choices[0]!.finish_reason).toBe("length")
+      expect(completion.usage!.completion_tokens).toBe(cap)
+      expect(countTokens(completion.choices[0]!.message.content ?? "")).toBe(cap)
+      const usage = await settledLedger(server, issued.accountId, credited)
+      expect(usage).toHaveLength(1)
+      expect(micros(usage[0]!.cost_usd)).toBe(budget)
+      // What is left cannot pay the minimum now: a No code, truthfully.
+      const again = await post(server, issued.key, { max_tokens: 2_000 })
+      expect(again.status).toBe(status)
+      await again.body?.cancel()
+    }
+    // The stream says so too.
+    const streamed = await billedKey(server, { balance_usd: budget / 1e6 })
+    const client = new OpenAI({ apiKey: streamed.key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 })
+    const stream = await client.chat.completions.create({
+      model: "swarm-prime",
+      messages: MESSAGES,
+      max_tokens: 2_000,
+      stream: true,
+      stream_options: { include_usage: true },
+    })
+    let finish: string | null | undefined
+    let completionTokens: number | undefined
+    for await (const chunk of stream) {
+      finish = chunk.choices[0]?.finish_reason ?? finish
+      if (chunk.usage) completionTokens = chunk.usage.completion_tokens
+    }
+    expect([finish, completionTokens]).toEqual(["length", cap])
+    await settledLedger(server, streamed.accountId, budget)
+  })
+
+  it("when only the account's other running requests hold the money, a request waits for them; with no queue it gets 429 concurrency_limit_exceeded", async () => {
+    // One long stream holds all but a few micro-dollars of the balance.
+    const longest = 1_500
+    const issued = await billedKey(slow, { balance_usd: (worstCase(longest) + 10) / 1e6 })
+    const running = await post(slow, issued.key, { stream: true, max_tokens: longest })
+    expect(running.status).toBe(200)
+    const reader = running.body!.getReader()
+    await reader.read()
+    // The account may queue: the second request waits, and is served once the stream ends.
+    let answered = false
+    const waiting = post(slow, issued.key, { max_tokens: 5 }).finally(() => {
+      answered = true
+    })
+    await new Promise((r) => setTimeout(r, 500))
+    expect(answered).toBe(false)
+    await reader.cancel()
+    const served = await waiting
+    expect(served.status).toBe(200)
+    await served.json()
+
+    // With no queue, the same situation is 429 concurrency_limit_exceeded with Retry-After, never a No code.
+    const unqueued = await billedKey(slow, {
+      balance_usd: (worstCase(longest) + 10) / 1e6,
+      limits: { ...NO_LIMITS, queue: 0 },
+    })
+    const other = await post(slow, unqueued.key, { stream: true, max_tokens: longest })
+    const otherReader = other.body!.getReader()
+    await otherReader.read()
+    const refused = await post(slow, unqueued.key, { max_tokens: 5 })
+    const body = (await refused.json()) as { error: { type: string; code: string } }
+    expect({ status: refused.status, ...body.error }).toMatchObject({
+      status: 429,
+      type: "rate_limit_error",
+      code: "concurrency_limit_exceeded",
+    })
+    expect(refused.headers.get("retry-after")).toBe("1")
+    await otherReader.cancel()
+    await settledLedger(slow, unqueued.accountId, worstCase(longest) + 10)
+  }, 30_000)
 
   it("credit through the admin API is usable by the very next request", async () => {
     const issued = await billedKey(server, { balance_usd: 0 })

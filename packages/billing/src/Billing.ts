@@ -13,11 +13,20 @@ import { SqlClient, type SqlError } from "@effect/sql"
 import {
   AccountSpendLimitReached,
   BillingLimitExceeded,
+  ConcurrencyLimitExceeded,
   InsufficientQuota,
   PaymentHold,
 } from "@swarmgate/protocol"
 import { Clock, Config, type ConfigError, Context, Data, Effect, Either, Layer, type Scope } from "effect"
-import { Book, type Hold, type HoldRequest, type Refusal, startOfUtcMonth } from "./internal/Book"
+import {
+  Book,
+  HELD_BY_OTHERS,
+  type Hold,
+  type HoldRequest,
+  type Refusal,
+  type Shortfall,
+  startOfUtcMonth,
+} from "./internal/Book"
 import * as LedgerWriter from "./internal/LedgerWriter"
 import * as Ledger from "./Ledger"
 import { costMicros, fromConfig, type PriceTable } from "./Prices"
@@ -25,7 +34,13 @@ import { costMicros, fromConfig, type PriceTable } from "./Prices"
 export type { Hold } from "./internal/Book"
 export type { UsageOutcome } from "./Ledger"
 
-export type ReserveRefusal = InsufficientQuota | PaymentHold | AccountSpendLimitReached | BillingLimitExceeded
+/** A No code (the limit cannot pay even the minimum), or 429 after waiting in vain for other holds. */
+export type ReserveRefusal =
+  | InsufficientQuota
+  | PaymentHold
+  | AccountSpendLimitReached
+  | BillingLimitExceeded
+  | ConcurrencyLimitExceeded
 
 /** The ledger could not be read or written; the gateway answers 503 for a reservation that needs it. */
 export class BillingUnavailable extends Data.TaggedError("BillingUnavailable")<{
@@ -34,10 +49,20 @@ export class BillingUnavailable extends Data.TaggedError("BillingUnavailable")<{
 }> {}
 
 export interface ReserveInput extends HoldRequest {
-  /** The request's effective completion cap: the hold prices promptTokens + maxTokens. */
+  /**
+   * The request's completion cap: the hold prices promptTokens + maxTokens,
+   * or, when the limits leave less, all that is left and the cap it buys
+   * (`Hold.maxTokens`).
+   */
   readonly maxTokens: number
   /** An unsettled hold expires (and its money returns) this long after it was placed. */
   readonly ttlMillis: number
+  /**
+   * How long to wait for the account's other holds to settle when only they
+   * stand in the way (the account queue's wait); then 429
+   * `concurrency_limit_exceeded`. 0 or absent: no wait.
+   */
+  readonly waitMillis?: number | undefined
 }
 
 export interface Settlement {
@@ -56,7 +81,11 @@ export interface BillingShape {
   readonly prices: PriceTable
   /** The worst-case cost of a request: its prompt plus its whole completion cap. */
   readonly holdAmount: (model: string, promptTokens: number, maxTokens: number) => number
-  /** Places a hold, or refuses with the wire error of the first limit it would break. */
+  /**
+   * Places a hold (possibly with a smaller completion cap), waiting up to
+   * `waitMillis` for other holds to settle; or refuses with the wire error of
+   * the first limit that cannot pay the minimum.
+   */
   readonly reserve: (input: ReserveInput) => Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>
   /**
    * Charges what ran (capped at the hold) and queues its usage record. Exactly
@@ -127,7 +156,7 @@ export const refusalError = (refusal: Refusal): ReserveRefusal => {
     case "insufficient_balance":
       return new InsufficientQuota({
         message:
-          "The account balance does not cover this request's maximum cost. Add credit or lower max_tokens.",
+          "The account balance cannot pay for this request's prompt and one completion token. Add credit or shorten the prompt.",
       })
     case "payment_hold":
       return new PaymentHold({
@@ -135,14 +164,53 @@ export const refusalError = (refusal: Refusal): ReserveRefusal => {
       })
     case "account_spend_limit":
       return new AccountSpendLimitReached({
-        message: "The account's monthly spend limit would be exceeded by this request.",
+        message:
+          "The account's monthly spend limit is reached: what is left cannot pay for this request's prompt and one completion token.",
       })
     case "key_spend_limit":
       return new BillingLimitExceeded({
-        message: "This key's spend limit would be exceeded by this request.",
+        message:
+          "This key's spend limit is reached: what is left cannot pay for this request's prompt and one completion token.",
       })
   }
 }
+
+/** Seconds a client should wait when other running requests hold the money this one needs. */
+export const HELD_RETRY_AFTER_SECONDS = 1
+
+/** The 429 of a request whose wait for the account's other holds ran out. */
+export const heldByOthersError = (): ConcurrencyLimitExceeded =>
+  new ConcurrencyLimitExceeded({
+    message:
+      "The account's other running requests hold the money this request needs; retry when they have finished.",
+    retryAfterSeconds: HELD_RETRY_AFTER_SECONDS,
+  })
+
+/** A shortfall that is final now: a refusal, or `held_by_others` with no wait left. */
+export const shortfallError = (shortfall: Shortfall): ReserveRefusal =>
+  shortfall === HELD_BY_OTHERS ? heldByOthersError() : refusalError(shortfall)
+
+/**
+ * Places a hold with `attempt`, waiting (through `released`, which completes
+ * when a hold of the account may have been released, or after its timeout)
+ * while only other holds stand in the way, up to `waitMillis`.
+ */
+export const reserveWaiting = <E, R>(
+  waitMillis: number,
+  attempt: Effect.Effect<Hold | Shortfall, E, R>,
+  released: (millis: number) => Effect.Effect<void, never, R>,
+): Effect.Effect<Hold, ReserveRefusal | E, R> =>
+  Effect.flatMap(Clock.currentTimeMillis, (start) => {
+    const loop: Effect.Effect<Hold, ReserveRefusal | E, R> = Effect.flatMap(attempt, (result) => {
+      if (typeof result !== "string") return Effect.succeed(result)
+      if (result !== HELD_BY_OTHERS) return Effect.fail(refusalError(result))
+      return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        const left = start + waitMillis - now
+        return left <= 0 ? Effect.fail(heldByOthersError()) : Effect.zipRight(released(left), loop)
+      })
+    })
+    return loop
+  })
 
 const unavailable = (reason: string) => (cause: SqlError.SqlError) =>
   new BillingUnavailable({ reason, cause })
@@ -216,31 +284,70 @@ export const make = (
         Effect.gen(function* () {
           const balances = yield* Ledger.readBalances(accountIds)
           const now = yield* Clock.currentTimeMillis
-          for (const [id, balance] of balances) book.refresh(id, balance, now)
+          for (const [id, balance] of balances) {
+            book.refresh(id, balance, now)
+            wakeAccount(id)
+          }
         }).pipe(withSql, Effect.mapError(unavailable("could not read balances"))),
       )
 
     const holdAmount = (model: string, promptTokens: number, maxTokens: number) =>
       costMicros(priceOf(model), promptTokens, maxTokens)
 
-    const reserve = (input: ReserveInput) =>
+    // Requests waiting for a hold of their account to be released.
+    const waiters = new Map<string, Set<() => void>>()
+    const wakeAccount = (accountId: string) => {
+      const set = waiters.get(accountId)
+      if (set === undefined) return
+      waiters.delete(accountId)
+      for (const wake of set) wake()
+    }
+    book.onRelease = wakeAccount
+    const released = (accountId: string) => (millis: number) =>
+      Effect.timeoutOption(
+        Effect.async<void>((resume) => {
+          const wake = () => resume(Effect.void)
+          const set = waiters.get(accountId) ?? new Set<() => void>()
+          waiters.set(accountId, set)
+          set.add(wake)
+          return Effect.sync(() => {
+            waiters.get(accountId)?.delete(wake)
+          })
+        }),
+        millis,
+      )
+
+    const priceOfInput = (input: ReserveInput) => priceOf(input.model)
+
+    /** One try: the book's answer, after a balance re-read when a refusal might be lifted by new credit. */
+    const reserveOnce = (input: ReserveInput) =>
       Effect.gen(function* () {
-        yield* ensure([input.accountId], [input.keyId])
-        const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
         const now = yield* Clock.currentTimeMillis
-        let result = book.reserve(input, amount, now, input.ttlMillis)
+        const price = priceOfInput(input)
+        let result = book.reserve(input, price, input.maxTokens, now, input.ttlMillis)
         if (result === "insufficient_balance" || result === "payment_hold") {
           // Credit may have arrived from another process (the CLI): look once, at most every refreshMillis.
           const account = book.accounts.get(input.accountId)!
           if (now - account.checkedAt >= refreshMillis) {
             account.checkedAt = now
             yield* refreshNow([input.accountId])
-            result = book.reserve(input, amount, yield* Clock.currentTimeMillis, input.ttlMillis)
+            result = book.reserve(
+              input,
+              price,
+              input.maxTokens,
+              yield* Clock.currentTimeMillis,
+              input.ttlMillis,
+            )
           }
         }
-        if (typeof result === "string") return yield* Effect.fail(refusalError(result))
         return result
       })
+
+    const reserve = (input: ReserveInput) =>
+      Effect.zipRight(
+        ensure([input.accountId], [input.keyId]),
+        reserveWaiting(input.waitMillis ?? 0, reserveOnce(input), released(input.accountId)),
+      )
 
     const reserveNow = (
       input: ReserveInput,
@@ -248,10 +355,11 @@ export const make = (
     ): Either.Either<Hold, ReserveRefusal> | undefined => {
       const account = book.accounts.get(input.accountId)
       if (account === undefined || !book.keys.has(input.keyId)) return undefined
-      const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
-      const result = book.reserve(input, amount, now, input.ttlMillis)
+      const result = book.reserve(input, priceOfInput(input), input.maxTokens, now, input.ttlMillis)
       if (typeof result !== "string") return Either.right(result)
-      // A refusal that a balance re-read might lift goes the Effect way (it reads SQL).
+      // A wait, or a refusal that a balance re-read might lift, goes the Effect way.
+      if (result === HELD_BY_OTHERS)
+        return (input.waitMillis ?? 0) > 0 ? undefined : Either.left(heldByOthersError())
       if (
         (result === "insufficient_balance" || result === "payment_hold") &&
         now - account.checkedAt >= refreshMillis

@@ -33,11 +33,11 @@ import {
   defaults,
   make as makeMemory,
   type ReserveInput,
-  refusalError,
+  reserveWaiting,
   type Settlement,
 } from "./Billing"
-import type { Hold, Refusal } from "./internal/Book"
-import { startOfUtcMonth } from "./internal/Book"
+import type { Hold, Shortfall } from "./internal/Book"
+import { HELD_BY_OTHERS, startOfUtcMonth } from "./internal/Book"
 import * as LedgerWriter from "./internal/LedgerWriter"
 import * as Scripts from "./internal/RedisScripts"
 import * as Ledger from "./Ledger"
@@ -71,12 +71,16 @@ const RENEW_BATCH = 500
 
 const toNumber = Database.toNumber
 
-const REFUSALS: ReadonlySet<string> = new Set<Refusal>([
+const REFUSALS: ReadonlySet<string> = new Set<Shortfall>([
   "insufficient_balance",
   "payment_hold",
   "account_spend_limit",
   "key_spend_limit",
+  HELD_BY_OTHERS,
 ])
+
+/** How often a request waiting for other holds asks the shared book again. */
+const WAIT_POLL_MILLIS = 50
 
 /** Pure timer, not the Effect clock: shutdown waits in real time even under TestClock. */
 const sleepReal = (millis: number) => Effect.promise(() => new Promise((r) => setTimeout(r, millis)))
@@ -277,36 +281,42 @@ export const make = (
 
     // --- the request path ---------------------------------------------------------------------
 
-    const reserveOnce = (input: ReserveInput, amount: number, now: number) => {
+    const reserveOnce = (input: ReserveInput, now: number) => {
+      const price = priceOf(input.model)
       const expiresAt = now + input.ttlMillis
       const due = Math.min(expiresAt, now + leaseMillis)
-      const hold = JSON.stringify({ a: input.accountId, k: input.keyId, amt: amount, x: expiresAt })
       return Effect.map(
         run(
           Scripts.reserve,
           [K.account(input.accountId), K.key(input.keyId), K.holds, K.holdIndex],
           [
             input.requestId,
-            amount,
+            input.accountId,
+            input.keyId,
+            price.promptMicrosPerMillion,
+            price.completionMicrosPerMillion,
+            input.promptTokens,
+            input.maxTokens,
             input.paymentHold ? 1 : 0,
             input.monthlySpendLimitMicros ?? -1,
             input.keySpendLimitMicros ?? -1,
             startOfUtcMonth(now),
             due,
-            hold,
+            expiresAt,
             IDLE_TTL_MILLIS,
           ],
         ),
-        (reply) => String(reply),
+        (reply): string | { readonly amount: number; readonly cap: number } =>
+          Array.isArray(reply) ? { amount: Number(reply[1]), cap: Number(reply[2]) } : String(reply),
       )
     }
 
-    const reserveShared = (input: ReserveInput) =>
+    /** One try against the shared book, seeding it or re-reading credits once where that may help. */
+    const reserveAttempt = (input: ReserveInput) =>
       Effect.gen(function* () {
-        const amount = holdAmount(input.model, input.promptTokens, input.maxTokens)
         const now = yield* Clock.currentTimeMillis
         const attempt = (at: number) =>
-          reserveOnce(input, amount, at).pipe(Effect.mapError(unavailable("could not place the hold")))
+          reserveOnce(input, at).pipe(Effect.mapError(unavailable("could not place the hold")))
         let result = yield* attempt(now)
         if (result === "missing") {
           yield* ensure([input.accountId], [input.keyId])
@@ -322,20 +332,30 @@ export const make = (
         }
         if (result === "missing") return yield* Effect.die(new Error(`reserve: unknown account or key`))
         if (result === "duplicate") return yield* Effect.die(new Error(`duplicate hold ${input.requestId}`))
-        if (REFUSALS.has(result)) return yield* Effect.fail(refusalError(result as Refusal))
+        if (typeof result === "string") {
+          if (REFUSALS.has(result)) return result as Shortfall
+          return yield* Effect.die(new Error(`reserve: unexpected reply ${result}`))
+        }
         const hold: Hold = {
           requestId: input.requestId,
           accountId: input.accountId,
           keyId: input.keyId,
           model: input.model,
           promptTokens: input.promptTokens,
-          amountMicros: amount,
+          amountMicros: result.amount,
+          maxTokens: result.cap,
           createdAt: now,
           expiresAt: now + input.ttlMillis,
         }
         local.set(hold.requestId, hold)
         return hold
       })
+
+    // Other instances settle holds too: a waiting request looks again at this interval.
+    const released = (millis: number) => Effect.sleep(Math.min(millis, WAIT_POLL_MILLIS))
+
+    const reserveShared = (input: ReserveInput) =>
+      reserveWaiting(input.waitMillis ?? 0, reserveAttempt(input), released)
 
     // --- Redis unreachable ----------------------------------------------------------------------
 

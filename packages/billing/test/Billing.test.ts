@@ -5,7 +5,17 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Database, TestDatabase } from "@swarmgate/store"
-import { Clock, Effect, Either, Exit, FastCheck as fc, type Layer, type Scope, TestClock } from "effect"
+import {
+  Clock,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  FastCheck as fc,
+  type Layer,
+  type Scope,
+  TestClock,
+} from "effect"
 import * as Billing from "../src/Billing"
 import * as LedgerCheck from "../src/LedgerCheck"
 import * as RedisBilling from "../src/RedisBilling"
@@ -80,59 +90,122 @@ const suite = (
       }),
     )
 
-    it.scoped("refuses with the error of the first limit broken: balance, month, key", () =>
-      Effect.gen(function* () {
-        yield* TestClock.setTime(NOW)
-        const account = yield* seed(10_000)
-        const b = yield* billing()
-        // Hold 11_000 > balance 10_000.
-        expect(yield* errorTag(b.reserve(request(account)))).toBe("InsufficientQuota")
-        expect(yield* errorTag(b.reserve(request(account, { paymentHold: true })))).toBe("PaymentHold")
-        expect(
-          yield* errorTag(b.reserve(request(account, { maxTokens: 40, monthlySpendLimitMicros: 8_999 }))),
-        ).toBe("AccountSpendLimitReached")
-        expect(
-          yield* errorTag(b.reserve(request(account, { maxTokens: 40, keySpendLimitMicros: 8_999 }))),
-        ).toBe("BillingLimitExceeded")
-        // Balance and key limit both broken: the balance speaks first.
-        expect(yield* errorTag(b.reserve(request(account, { keySpendLimitMicros: 0 })))).toBe(
-          "InsufficientQuota",
-        )
-        // A payment hold does not block while the usable balance lasts.
-        expect(yield* errorTag(b.reserve(request(account, { maxTokens: 40, paymentHold: true })))).toBe("ok")
-        expect((yield* b.pending).holds).toBe(1)
-      }),
+    it.scoped(
+      "refuses with a No code only when a limit cannot pay the prompt and one token, checked in order",
+      () =>
+        Effect.gen(function* () {
+          yield* TestClock.setTime(NOW)
+          // The minimum of the default request: 10 × 100 + 1 × 200.
+          const poor = yield* seed(1_199)
+          const b = yield* billing()
+          expect(yield* errorTag(b.reserve(request(poor)))).toBe("InsufficientQuota")
+          expect(yield* errorTag(b.reserve(request(poor, { paymentHold: true })))).toBe("PaymentHold")
+          // Balance and key limit both too low: the balance speaks first.
+          expect(yield* errorTag(b.reserve(request(poor, { keySpendLimitMicros: 0 })))).toBe(
+            "InsufficientQuota",
+          )
+          const rich = yield* seed(1_000_000)
+          expect(yield* errorTag(b.reserve(request(rich, { monthlySpendLimitMicros: 1_199 })))).toBe(
+            "AccountSpendLimitReached",
+          )
+          expect(yield* errorTag(b.reserve(request(rich, { keySpendLimitMicros: 1_199 })))).toBe(
+            "BillingLimitExceeded",
+          )
+          // Exactly the minimum: served, with one completion token.
+          const one = yield* b.reserve(request(rich, { monthlySpendLimitMicros: 1_200 }))
+          expect([one.amountMicros, one.maxTokens]).toEqual([1_200, 1])
+          yield* b.void(one.requestId)
+          // A payment hold does not block while the usable balance lasts.
+          expect(yield* errorTag(b.reserve(request(rich, { maxTokens: 40, paymentHold: true })))).toBe("ok")
+          expect((yield* b.pending).holds).toBe(1)
+        }),
     )
 
-    it.scoped("counts open holds, so concurrent reservations never jointly overspend", () =>
+    it.scoped(
+      "holds all that is left and caps the completion at what it buys when the worst case does not fit",
+      () =>
+        Effect.gen(function* () {
+          yield* TestClock.setTime(NOW)
+          const account = yield* seed(10_000)
+          const b = yield* billing()
+          // Worst case 11_000 > 10_000: 10 × 100 + 45 × 200 fits.
+          const capped = yield* b.reserve(request(account))
+          expect([capped.amountMicros, capped.maxTokens]).toEqual([10_000, 45])
+          yield* b.void(capped.requestId)
+          const rich = yield* seed(1_000_000)
+          const byKey = yield* b.reserve(request(rich, { keySpendLimitMicros: 5_300 }))
+          expect([byKey.amountMicros, byKey.maxTokens]).toEqual([5_200, 21])
+          // What ran is charged, never more than the capped hold.
+          const entry = yield* b.settle(byKey.requestId, { completionTokens: 21, outcome: "completed" })
+          expect(entry?.costMicros).toBe(5_200)
+          // 100 left under the key: not even the prompt and one token, so a No code from now on.
+          expect(yield* errorTag(b.reserve(request(rich, { keySpendLimitMicros: 5_300 })))).toBe(
+            "BillingLimitExceeded",
+          )
+        }),
+    )
+
+    it.scoped(
+      "counts open holds, so concurrent reservations never jointly overspend; others' holds mean 429 concurrency",
+      () =>
+        Effect.gen(function* () {
+          yield* TestClock.setTime(NOW)
+          const account = yield* seed(3 * 11_000 + 10_999)
+          const other = yield* seed(1_000_000)
+          const b = yield* billing()
+          const held = (rs: ReadonlyArray<Either.Either<Billing.Hold, { _tag: string }>>) =>
+            rs.flatMap((r) => (Either.isRight(r) ? [r.right] : []))
+          const tags = (rs: ReadonlyArray<Either.Either<Billing.Hold, { _tag: string }>>) =>
+            rs.flatMap((r) => (Either.isLeft(r) ? [r.left._tag] : []))
+          const burst = (input: () => Billing.ReserveInput) =>
+            Effect.all(
+              Array.from({ length: 20 }, () => Effect.either(b.reserve(input()))),
+              { concurrency: "unbounded" },
+            )
+          const balance = yield* burst(() => request(account))
+          // Three worst cases, then one capped at 10 × 100 + 49 × 200; the rest are held up by those.
+          expect(
+            held(balance)
+              .map((h) => h.amountMicros)
+              .sort(),
+          ).toEqual([10_800, 11_000, 11_000, 11_000])
+          expect(tags(balance)).toEqual(Array(16).fill("ConcurrencyLimitExceeded"))
+          const key = yield* burst(() => request(other, { keySpendLimitMicros: 50_000 }))
+          expect(held(key).reduce((sum, h) => sum + h.amountMicros, 0)).toBe(50_000)
+          expect(tags(key)).toEqual(Array(15).fill("ConcurrencyLimitExceeded"))
+          const month = yield* burst(() => request(other, { monthlySpendLimitMicros: 50_000 + 50_000 }))
+          // 50_000 already held by the key's five: room for 50_000 more.
+          expect(held(month).reduce((sum, h) => sum + h.amountMicros, 0)).toBe(50_000)
+          expect(tags(month)).toEqual(Array(15).fill("ConcurrencyLimitExceeded"))
+          const refused = tags(month)
+          expect(refused).not.toContain("AccountSpendLimitReached")
+        }),
+    )
+
+    it.scoped("a request held up only by other holds waits for them, up to its wait, then gets 429", () =>
       Effect.gen(function* () {
         yield* TestClock.setTime(NOW)
-        const account = yield* seed(3 * 11_000 + 10_999)
-        const other = yield* seed(1_000_000)
+        const account = yield* seed(11_000)
         const b = yield* billing()
-        const results = yield* Effect.all(
-          Array.from({ length: 20 }, () => errorTag(b.reserve(request(account)))),
-          { concurrency: "unbounded" },
-        )
-        expect(results.filter((r) => r === "ok")).toHaveLength(3)
-        expect(results.filter((r) => r === "InsufficientQuota")).toHaveLength(17)
-        const key = yield* Effect.all(
-          Array.from({ length: 20 }, () =>
-            errorTag(b.reserve(request(other, { keySpendLimitMicros: 50_000 }))),
-          ),
-          { concurrency: "unbounded" },
-        )
-        expect(key.filter((r) => r === "ok")).toHaveLength(4)
-        expect(key.filter((r) => r === "BillingLimitExceeded")).toHaveLength(16)
-        const month = yield* Effect.all(
-          Array.from({ length: 20 }, () =>
-            errorTag(b.reserve(request(other, { monthlySpendLimitMicros: 44_000 + 50_000 }))),
-          ),
-          { concurrency: "unbounded" },
-        )
-        // 44_000 already held by the key's four: room for four more.
-        expect(month.filter((r) => r === "ok")).toHaveLength(4)
-        expect(month.filter((r) => r === "AccountSpendLimitReached")).toHaveLength(16)
+        const first = yield* b.reserve(request(account))
+        const waiting = yield* Effect.fork(b.reserve(request(account, { waitMillis: 5_000 })))
+        yield* TestClock.adjust("1 second")
+        yield* b.settle(first.requestId, { completionTokens: 5, outcome: "completed" })
+        // The money freed by the settlement (11_000 − 2_000) goes to the waiter, capped.
+        yield* TestClock.adjust("100 millis")
+        const second = yield* Fiber.join(waiting)
+        expect([second.amountMicros, second.maxTokens]).toEqual([9_000, 40])
+        // Nothing settles now: the wait runs out.
+        const late = yield* Effect.fork(Effect.either(b.reserve(request(account, { waitMillis: 2_000 }))))
+        yield* TestClock.adjust("2 seconds")
+        const refused = yield* Fiber.join(late)
+        expect(Either.isLeft(refused) && refused.left._tag).toBe("ConcurrencyLimitExceeded")
+        expect(
+          Either.isLeft(refused) &&
+            refused.left._tag === "ConcurrencyLimitExceeded" &&
+            refused.left.retryAfter,
+        ).toBe(1)
+        expect((yield* b.pending).holds).toBe(1)
       }),
     )
 
@@ -174,17 +247,18 @@ const suite = (
     it.scoped("an unsettled hold expires and its money returns; a late settlement charges nothing", () =>
       Effect.gen(function* () {
         yield* TestClock.setTime(NOW)
-        const account = yield* seed(20_000)
+        const account = yield* seed(11_000)
         const b = yield* billing({ sweepMillis: 1_000 })
         const stale = yield* b.reserve(request(account, { ttlMillis: 3_000 }))
-        expect(yield* errorTag(b.reserve(request(account)))).toBe("InsufficientQuota")
+        // Only the stale hold stands in the way: 429, not a No code.
+        expect(yield* errorTag(b.reserve(request(account)))).toBe("ConcurrencyLimitExceeded")
         yield* TestClock.adjust("2999 millis")
         expect((yield* b.pending).holds).toBe(1)
         // The sweeper runs every second on its own.
         yield* TestClock.adjust("1 second")
         yield* eventually(Effect.map(b.pending, (p) => p.holds === 0))
         expect((yield* b.accountMoney([account.accountId])).get(account.accountId)?.availableMicros).toBe(
-          20_000,
+          11_000,
         )
         expect(
           yield* b.settle(stale.requestId, { completionTokens: 50, outcome: "completed" }),
@@ -406,7 +480,7 @@ const suite = (
     )
 
     it.effect.prop(
-      "random concurrent reserve/settle/void/expire/credit keep the ledger exact, through either path",
+      "random concurrent reserve/settle/void/expire/credit keep the ledger exact, through either path; a No code only when a limit cannot pay the minimum",
       [fc.array(fc.array(step, { minLength: 1, maxLength: 6 }), { minLength: 1, maxLength: 12 })],
       ([rounds]) =>
         Effect.scoped(
@@ -418,6 +492,10 @@ const suite = (
             const b = yield* billing({ refreshMillis: 0 })
             const requestIds: Array<string> = []
             let credited = 30_000 + 5_000 + 60_000
+            // The last reservation's answer, for the exact checks of a round that is one reservation.
+            let reserved:
+              | { account: number; result: Either.Either<Billing.Hold, { _tag: string }> }
+              | undefined
             for (const round of rounds) {
               // Each round's steps run at once; rounds run one after the other.
               const run = (
@@ -441,6 +519,7 @@ const suite = (
                           : b.reserve(input),
                       ),
                       (r) => {
+                        reserved = { account: s.account, result: r }
                         if (Either.isRight(r)) requestIds.push(r.right.requestId)
                       },
                     )
@@ -481,6 +560,30 @@ const suite = (
               const spent = yield* b.keySpent(accounts.map((a) => a.keyId))
               expect(spent.get(accounts[0]!.keyId)!).toBeLessThanOrEqual(keyLimit)
               expect(money.get(accounts[2]!.accountId)!.spentMonthMicros).toBeLessThanOrEqual(70_000)
+              if (round.length === 1 && round[0]!.op === "reserve" && reserved !== undefined) {
+                // Alone, the answer is exact: what is left under each limit (settled spend only) after it
+                // is what it saw. The minimum: 10 prompt tokens and one completion token.
+                const minimum = 10 * 100 + 200
+                const m = money.get(accounts[reserved.account]!.accountId)!
+                const left: Record<string, number | undefined> = {
+                  InsufficientQuota: m.availableMicros + m.heldMicros,
+                  AccountSpendLimitReached:
+                    monthly[reserved.account] == null
+                      ? undefined
+                      : monthly[reserved.account]! - m.spentMonthMicros,
+                  BillingLimitExceeded:
+                    reserved.account === 0 ? keyLimit - spent.get(accounts[0]!.keyId)! : undefined,
+                }
+                const r = reserved.result
+                if (Either.isLeft(r) && r.left._tag !== "ConcurrencyLimitExceeded") {
+                  expect(left[r.left._tag]).toBeLessThan(minimum)
+                } else {
+                  // Served, or held up by other holds: every limit could pay the minimum.
+                  for (const l of Object.values(left))
+                    if (l !== undefined) expect(l).toBeGreaterThanOrEqual(minimum)
+                }
+              }
+              reserved = undefined
             }
             yield* TestClock.adjust("1 minute")
             yield* b.expire

@@ -6,6 +6,10 @@
 import { describe, expect, it } from "@effect/vitest"
 import { FastCheck as fc } from "effect"
 import { Book, type Hold, startOfUtcMonth } from "../src/internal/Book"
+import type { Price } from "../src/Prices"
+
+/** One micro-dollar per token: a hold of `p` prompt and `c` completion tokens costs p + c. */
+const UNIT: Price = { promptMicrosPerMillion: 1_000_000, completionMicrosPerMillion: 1_000_000 }
 
 const DAY = 86_400_000
 const START = Date.UTC(2026, 0, 30, 12)
@@ -28,7 +32,13 @@ const keySpec = fc.record({
 })
 
 type Op =
-  | { readonly op: "reserve"; readonly key: number; readonly amount: number; readonly ttl: number }
+  | {
+      readonly op: "reserve"
+      readonly key: number
+      readonly prompt: number
+      readonly maxTokens: number
+      readonly ttl: number
+    }
   | { readonly op: "settle"; readonly hold: number; readonly fraction: number }
   | { readonly op: "void"; readonly hold: number }
   | { readonly op: "tick"; readonly millis: number }
@@ -43,7 +53,8 @@ const op: fc.Arbitrary<Op> = fc.oneof(
     arbitrary: fc.record({
       op: fc.constant("reserve" as const),
       key: fc.nat(),
-      amount: fc.integer({ min: 0, max: 3_000 }),
+      prompt: fc.integer({ min: 0, max: 1_000 }),
+      maxTokens: fc.integer({ min: 1, max: 3_000 }),
       ttl: fc.integer({ min: 1, max: 5_000 }),
     }),
   },
@@ -142,35 +153,55 @@ const run = (
         const spec = accounts[i]!
         const limit = keys[key]!.limit
         const a = book.account(`a${i}`, now)!
-        // The first rule that refuses, in the documented order.
-        const expected =
-          step.amount > credits[i]! - charged[i]! - openHeld((h) => keys[h.key]!.account === i)
-            ? spec.paymentHold
-              ? "payment_hold"
-              : "insufficient_balance"
-            : spec.monthly !== null && a.spentMonth + a.held + step.amount > spec.monthly
-              ? "account_spend_limit"
-              : limit !== null && keySpent[key]! + openHeld((h) => h.key === key) + step.amount > limit
-                ? "key_spend_limit"
-                : "held"
+        // The model of spec §5.7: a limit whose headroom (settled spend only) cannot pay the prompt and one
+        // token refuses, first in the documented order; then, when the open holds leave less than that, wait;
+        // else hold the worst case or all that is free, with the cap that buys.
+        const minimum = step.prompt + 1
+        const accountHeld = openHeld((h) => keys[h.key]!.account === i)
+        const limits: Array<{ left: number; held: number; refusal: string }> = [
+          {
+            left: credits[i]! - charged[i]!,
+            held: accountHeld,
+            refusal: spec.paymentHold ? "payment_hold" : "insufficient_balance",
+          },
+        ]
+        if (spec.monthly !== null)
+          limits.push({
+            left: spec.monthly - a.spentMonth,
+            held: accountHeld,
+            refusal: "account_spend_limit",
+          })
+        if (limit !== null)
+          limits.push({
+            left: limit - keySpent[key]!,
+            held: openHeld((h) => h.key === key),
+            refusal: "key_spend_limit",
+          })
+        const refused = limits.find((l) => l.left < minimum)
+        const free = Math.min(...limits.map((l) => l.left - l.held))
+        const expected = refused !== undefined ? refused.refusal : free < minimum ? "held_by_others" : "held"
         const result = book.reserve(
           {
             requestId: `r${n++}`,
             accountId: `a${i}`,
             keyId: `k${key}`,
             model: "m",
-            promptTokens: 1,
+            promptTokens: step.prompt,
             paymentHold: spec.paymentHold,
             monthlySpendLimitMicros: spec.monthly,
             keySpendLimitMicros: limit,
           },
-          step.amount,
+          UNIT,
+          step.maxTokens,
           now,
           step.ttl,
         )
         if (typeof result === "string") expect(result).toBe(expected)
         else {
           expect(expected).toBe("held")
+          const amount = Math.min(step.prompt + step.maxTokens, free)
+          expect(result.amountMicros).toBe(amount)
+          expect(result.maxTokens).toBe(amount - step.prompt)
           holds.push({ hold: result, key, state: "open", resolutions: 0 })
         }
         break
@@ -275,11 +306,11 @@ describe("Book", () => {
       monthlySpendLimitMicros: null,
       keySpendLimitMicros: null,
     }
-    book.reserve({ ...request, requestId: "r1" }, 400, START, 1_000)
+    book.reserve({ ...request, requestId: "r1" }, UNIT, 399, START, 1_000)
     expect(book.settle("r1", 300, START)?.chargedMicros).toBe(300)
     expect(book.settle("r1", 300, START)).toBeUndefined()
     expect(book.void("r1")).toBeUndefined()
-    book.reserve({ ...request, requestId: "r2" }, 400, START, 1_000)
+    book.reserve({ ...request, requestId: "r2" }, UNIT, 399, START, 1_000)
     expect(book.void("r2")?.amountMicros).toBe(400)
     expect(book.settle("r2", 100, START)).toBeUndefined()
     expect(book.accounts.get("a")).toMatchObject({ balance: 700, held: 0, spentMonth: 300 })
@@ -300,7 +331,8 @@ describe("Book", () => {
         monthlySpendLimitMicros: null,
         keySpendLimitMicros: null,
       },
-      400,
+      UNIT,
+      399,
       START,
       1_000,
     )

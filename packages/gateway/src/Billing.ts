@@ -51,11 +51,16 @@ export const settleOutcome = (
     : Effect.map(settled, (entry) => onSettled(settlement, entry))
 }
 
-/** The hold a request places: its worst case against every limit that applies. */
+/**
+ * The hold a request asks for: its worst case against every limit that
+ * applies, waiting up to `waitMillis` when only other requests' holds stand
+ * in the way.
+ */
 export const reserveInput = (
   principal: Principal,
   requestId: string,
   request: NormalizedRequest,
+  waitMillis = 0,
 ): Billing.ReserveInput => ({
   requestId,
   accountId: principal.account.id,
@@ -67,6 +72,7 @@ export const reserveInput = (
   monthlySpendLimitMicros: principal.account.monthlySpendLimitMicros,
   keySpendLimitMicros: principal.key.spendLimitMicros,
   ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS,
+  waitMillis,
 })
 
 /** Places the hold; storage trouble is the service's (503), not the caller's. */
@@ -83,8 +89,9 @@ export const reserve = (
     )
 
 /**
- * Reserves the request's worst case for `principal`, and in the scope's
- * release settles it from `outcome` (read when the scope closes) or voids it.
+ * Reserves the request's worst case for `principal` (or all its limits leave,
+ * with the completion cap in `Hold.maxTokens`), and in the scope's release
+ * settles it from `outcome` (read when the scope closes) or voids it.
  * A book that decides at once (in memory) is used by plain calls: one
  * finalizer, no Effect work for the money.
  */
@@ -94,6 +101,7 @@ export const hold = (
   request: NormalizedRequest,
   outcome: Outcome,
   onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+  waitMillis = 0,
 ): Effect.Effect<
   Billing.Hold,
   Billing.ReserveRefusal | AdmissionUnavailable,
@@ -103,7 +111,7 @@ export const hold = (
     const context = fiber.currentContext
     const billing = Context.unsafeGet(context, Billing.Billing)
     const scope = Context.unsafeGet(context, Scope.Scope)
-    const input = reserveInput(principal, requestId, request)
+    const input = reserveInput(principal, requestId, request, waitMillis)
     const { reserveNow, settleNow, voidNow } = billing
     if (reserveNow !== undefined && settleNow !== undefined && voidNow !== undefined) {
       const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)

@@ -240,11 +240,18 @@ const serve = (
     gauges.admitted()
     yield* Scope.addFinalizer(yield* Effect.scope, Effect.sync(gauges.finished))
     // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
-    yield* Billing.hold(principal, requestId, request, outcome, (settlement, entry) =>
-      Operations.noteSettled(res, settlement, entry),
+    const hold = yield* Billing.hold(
+      principal,
+      requestId,
+      request,
+      outcome,
+      (settlement, entry) => Operations.noteSettled(res, settlement, entry),
+      Limits.moneyWaitMillis(principal.account, yield* Limits.LimitsConfig),
     )
+    // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
+    const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
     // The permit is committed the moment generation starts: failures before leave no count.
-    yield* ChatCompletions.respond(res, requestId, request, outcome, {
+    yield* ChatCompletions.respond(res, requestId, served, outcome, {
       ...Operations.respondHooks(res, () => permit.commit),
       onRevocation: yield* revocation(req, principal),
     })

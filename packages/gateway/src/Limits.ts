@@ -133,6 +133,16 @@ export const limitsFor = (account: Account, config: LimitsConfigShape): Quota.Li
 }
 
 /**
+ * How long a request may wait for the account's other running requests to
+ * settle the money it needs: the queue's wait, when the account may queue
+ * (a queue above 0, or no concurrency limit at all); else no wait.
+ */
+export const moneyWaitMillis = (account: Account, config: LimitsConfigShape): number => {
+  const concurrency = cachedLimitsFor(account, config).concurrency
+  return concurrency === undefined || (concurrency.queue ?? 0) > 0 ? config.queueWaitMillis : 0
+}
+
+/**
  * `limitsFor`, once per account record and configuration: the key cache hands
  * out the same account object until it changes, so the limits (and what the
  * quota service derives from them) are built once, not per request.

@@ -1,3 +1,5 @@
+import { costMicros, type Price } from "../Prices"
+
 /**
  * The in-memory book of one gateway instance: balances, holds and spend, with
  * every check-and-update done synchronously, so two requests can never both
@@ -32,6 +34,8 @@ export interface Hold {
   readonly model: string
   readonly promptTokens: number
   readonly amountMicros: number
+  /** The completion cap the hold pays for: the request's own, or less when that is all the limits leave. */
+  readonly maxTokens: number
   readonly createdAt: number
   readonly expiresAt: number
 }
@@ -48,6 +52,66 @@ export interface HoldRequest {
 }
 
 export type Refusal = "insufficient_balance" | "payment_hold" | "account_spend_limit" | "key_spend_limit"
+
+/** Only the holds of the account's other running requests stand in the way: waiting for them may help. */
+export const HELD_BY_OTHERS = "held_by_others"
+export type Shortfall = Refusal | typeof HELD_BY_OTHERS
+
+/** One money limit: what is left under it counting settled spend only, and the open holds against it. */
+export interface Headroom {
+  readonly left: number
+  readonly held: number
+  readonly refusal: Refusal
+}
+
+export interface Granted {
+  readonly amountMicros: number
+  readonly maxTokens: number
+}
+
+/** The largest completion cap in [1, maxTokens] whose cost fits in `budget` (which covers cap 1). */
+export const affordableTokens = (
+  price: Price,
+  promptTokens: number,
+  maxTokens: number,
+  budget: number,
+): number => {
+  if (price.completionMicrosPerMillion === 0) return maxTokens
+  const room = budget * 1_000_000 - promptTokens * price.promptMicrosPerMillion
+  let cap = Math.max(1, Math.min(maxTokens, Math.floor(room / price.completionMicrosPerMillion)))
+  // Guard the float division at the edges: the answer is exact by the cost function itself.
+  while (cap > 1 && costMicros(price, promptTokens, cap) > budget) cap--
+  while (cap < maxTokens && costMicros(price, promptTokens, cap + 1) <= budget) cap++
+  return cap
+}
+
+/**
+ * What a request may hold (spec §5.7, §7.3 rule 4): a limit that cannot pay
+ * the prompt and one completion token from what is left under it refuses (a
+ * No code: retrying does not help); otherwise, when the other requests' holds
+ * leave less than that minimum, the request must wait for them; otherwise it
+ * holds its worst case, or all that is left with the completion capped at
+ * what that buys. Limits are checked in order; the first that refuses names
+ * the code.
+ */
+export const grant = (
+  price: Price,
+  promptTokens: number,
+  maxTokens: number,
+  limits: ReadonlyArray<Headroom>,
+): Granted | Shortfall => {
+  const minimum = costMicros(price, promptTokens, Math.min(1, maxTokens))
+  let free = Number.POSITIVE_INFINITY
+  for (const limit of limits) {
+    if (limit.left < minimum) return limit.refusal
+    free = Math.min(free, limit.left - limit.held)
+  }
+  if (free < minimum) return HELD_BY_OTHERS
+  const worst = costMicros(price, promptTokens, maxTokens)
+  if (worst <= free) return { amountMicros: worst, maxTokens }
+  const cap = affordableTokens(price, promptTokens, maxTokens, free)
+  return { amountMicros: costMicros(price, promptTokens, cap), maxTokens: cap }
+}
 
 export interface Charge {
   readonly hold: Hold
@@ -94,35 +158,53 @@ export class Book {
     return account
   }
 
+  /** Called with the account whose hold was just released (settled, voided, expired). */
+  onRelease: ((accountId: string) => void) | undefined
+
   /**
-   * Holds `amount` against the balance, the monthly limit and the key's limit
-   * (open holds count against all three), or says which one refuses. Checked
-   * in that order; the account and the key must be loaded.
+   * Holds what `grant` allows against the balance, the monthly limit and the
+   * key's limit (open holds count against all three), or says why it cannot.
+   * The account and the key must be loaded.
    */
-  reserve(request: HoldRequest, amount: number, now: number, ttlMillis: number): Hold | Refusal {
+  reserve(
+    request: HoldRequest,
+    price: Price,
+    maxTokens: number,
+    now: number,
+    ttlMillis: number,
+  ): Hold | Shortfall {
     if (this.holds.has(request.requestId)) throw new Error(`duplicate hold ${request.requestId}`)
     const account = this.account(request.accountId, now)
     const key = this.keys.get(request.keyId)
     if (account === undefined || key === undefined) throw new Error("reserve before load")
-    if (amount > account.balance - account.held) {
-      return request.paymentHold ? "payment_hold" : "insufficient_balance"
-    }
+    const limits: Array<Headroom> = [
+      {
+        left: account.balance,
+        held: account.held,
+        refusal: request.paymentHold ? "payment_hold" : "insufficient_balance",
+      },
+    ]
     const monthly = request.monthlySpendLimitMicros
-    if (monthly !== null && account.spentMonth + account.held + amount > monthly) return "account_spend_limit"
+    if (monthly !== null)
+      limits.push({ left: monthly - account.spentMonth, held: account.held, refusal: "account_spend_limit" })
     const keyLimit = request.keySpendLimitMicros
-    if (keyLimit !== null && key.spent + key.held + amount > keyLimit) return "key_spend_limit"
+    if (keyLimit !== null)
+      limits.push({ left: keyLimit - key.spent, held: key.held, refusal: "key_spend_limit" })
+    const granted = grant(price, request.promptTokens, maxTokens, limits)
+    if (typeof granted === "string") return granted
     const hold: Hold = {
       requestId: request.requestId,
       accountId: request.accountId,
       keyId: request.keyId,
       model: request.model,
       promptTokens: request.promptTokens,
-      amountMicros: amount,
+      amountMicros: granted.amountMicros,
+      maxTokens: granted.maxTokens,
       createdAt: now,
       expiresAt: now + ttlMillis,
     }
-    account.held += amount
-    key.held += amount
+    account.held += granted.amountMicros
+    key.held += granted.amountMicros
     this.holds.set(hold.requestId, hold)
     return hold
   }
@@ -133,6 +215,7 @@ export class Book {
     this.holds.delete(requestId)
     this.accounts.get(hold.accountId)!.held -= hold.amountMicros
     this.keys.get(hold.keyId)!.held -= hold.amountMicros
+    this.onRelease?.(hold.accountId)
     return hold
   }
 

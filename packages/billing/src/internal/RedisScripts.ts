@@ -56,33 +56,62 @@ end
 `
 
 /**
- * KEYS: account, key, holds, hold index. ARGV: request id, amount, payment
- * hold (0/1), monthly limit (-1: none), key limit (-1: none), month start,
- * due, hold JSON, ttl of the account and key hashes.
- * Reply: 'ok', 'missing' (load first), 'duplicate', or the refusal.
+ * KEYS: account, key, holds, hold index. ARGV: request id, account id, key
+ * id, prompt and completion price (micros per million tokens), prompt
+ * tokens, completion cap, payment hold (0/1), monthly limit (-1: none), key
+ * limit (-1: none), month start, due, expiry, ttl of the account and key
+ * hashes.
+ * Decides as `Book.grant` does: a limit whose headroom (settled spend only)
+ * cannot pay the prompt and one token refuses; when other holds leave less
+ * than that, 'held_by_others'; else the worst case, or all that is left with
+ * the cap it buys.
+ * Reply: {'ok', amount, cap}, 'missing' (load first), 'duplicate', the
+ * refusal, or 'held_by_others'.
  */
 export const reserve = script(`
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 'missing' end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'duplicate' end
-local amount = tonumber(ARGV[2])
-local monthly, key_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
-roll(KEYS[1], tonumber(ARGV[6]))
+local pp, cp = tonumber(ARGV[4]), tonumber(ARGV[5])
+local prompt, max_tokens = tonumber(ARGV[6]), tonumber(ARGV[7])
+local monthly, key_limit = tonumber(ARGV[9]), tonumber(ARGV[10])
+local function cost(c) return math.ceil((prompt * pp + c * cp) / 1000000) end
+roll(KEYS[1], tonumber(ARGV[11]))
 local a = redis.call('HMGET', KEYS[1], 'bal', 'held', 'spm')
 local bal, held, spm = num(a[1]), num(a[2]), num(a[3])
 local k = redis.call('HMGET', KEYS[2], 'spent', 'held')
 local spent, kheld = num(k[1]), num(k[2])
-if amount > bal - held then
-  if ARGV[3] == '1' then return 'payment_hold' end
+local minimum = cost(math.min(1, max_tokens))
+if bal < minimum then
+  if ARGV[8] == '1' then return 'payment_hold' end
   return 'insufficient_balance'
 end
-if monthly >= 0 and spm + held + amount > monthly then return 'account_spend_limit' end
-if key_limit >= 0 and spent + kheld + amount > key_limit then return 'key_spend_limit' end
-redis.call('HINCRBY', KEYS[1], 'held', ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'held', ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[8])
-redis.call('ZADD', KEYS[4], ARGV[7], ARGV[1])
-touch(KEYS[1], tonumber(ARGV[9])); touch(KEYS[2], tonumber(ARGV[9]))
-return 'ok'
+local free = bal - held
+if monthly >= 0 then
+  if monthly - spm < minimum then return 'account_spend_limit' end
+  free = math.min(free, monthly - spm - held)
+end
+if key_limit >= 0 then
+  if key_limit - spent < minimum then return 'key_spend_limit' end
+  free = math.min(free, key_limit - spent - kheld)
+end
+if free < minimum then return 'held_by_others' end
+local cap = max_tokens
+local amount = cost(cap)
+if amount > free then
+  if cp == 0 then cap = max_tokens else
+    cap = math.max(1, math.min(max_tokens, math.floor((free * 1000000 - prompt * pp) / cp)))
+    while cap > 1 and cost(cap) > free do cap = cap - 1 end
+    while cap < max_tokens and cost(cap + 1) <= free do cap = cap + 1 end
+  end
+  amount = cost(cap)
+end
+redis.call('HINCRBY', KEYS[1], 'held', fmt(amount))
+redis.call('HINCRBY', KEYS[2], 'held', fmt(amount))
+redis.call('HSET', KEYS[3], ARGV[1], '{"a":' .. cjson.encode(ARGV[2]) .. ',"k":' .. cjson.encode(ARGV[3]) ..
+  ',"amt":' .. fmt(amount) .. ',"x":' .. ARGV[13] .. '}')
+redis.call('ZADD', KEYS[4], ARGV[12], ARGV[1])
+touch(KEYS[1], tonumber(ARGV[14])); touch(KEYS[2], tonumber(ARGV[14]))
+return {'ok', fmt(amount), fmt(cap)}
 `)
 
 /**
