@@ -1,6 +1,7 @@
 /**
- * The error catalogue of spec §7.2: one tagged error per row, each knowing how it
- * is rendered. Handlers fail with these; only `Render` turns them into bytes.
+ * The error catalogue of spec §7.2 as data: one row per code (status, type,
+ * code, retryability, default message), and one tagged error class per row
+ * made from it. Handlers fail with these; only `Encode` turns them into bytes.
  */
 import { Schema } from "effect"
 
@@ -33,434 +34,224 @@ export const clampRetryAfter = (seconds: number, max: number): number => {
   return Math.min(max, Math.max(1, Math.ceil(seconds)))
 }
 
-const message = Schema.String
+/** Spec §7.2's Retry column: "see 7.3" rows are retried only under rule 5 (failed before anything ran). */
+export type Retry = "Yes" | "No" | "see 7.3"
+
+/** One row of spec §7.2. */
+export interface CatalogueRow {
+  readonly status: number
+  readonly type: ErrorType
+  readonly code: string
+  readonly retry: Retry
+  /** The `param` every error of the row names (spec §4.2: `model`); absent: given per error, or null. */
+  readonly param?: string
+  /** The message when the error is made without one. */
+  readonly message: string
+}
+
+/** Spec §7.2, every row in table order: adding a code is one line here and one class below. */
+// biome-ignore format: one line per row, like the spec's table
+export const CATALOGUE = {
+  InvalidRequest: { status: 400, type: "invalid_request_error", code: "invalid_request", retry: "No", message: "The request is invalid." },
+  UnsupportedContentPart: { status: 400, type: "invalid_request_error", code: "unsupported_content_type", retry: "No", message: "This content part type is not supported." },
+  ZdrStorageNotSupported: { status: 400, type: "invalid_request_error", code: "zdr_storage_not_supported", retry: "No", message: "This service does not store completions." },
+  InvalidApiKey: { status: 401, type: "invalid_request_error", code: "invalid_api_key", retry: "No", message: "Invalid API key." },
+  PaymentHold: { status: 402, type: "insufficient_quota", code: "payment_hold", retry: "No", message: "The account's credit is on hold after a payment dispute." },
+  AccountSpendLimitReached: { status: 402, type: "insufficient_quota", code: "account_spend_limit_reached", retry: "No", message: "The account's monthly spend limit is reached." },
+  AccountSuspended: { status: 403, type: "permission_error", code: "account_suspended", retry: "No", message: "The account is suspended." },
+  AccountRestricted: { status: 403, type: "permission_error", code: "account_restricted", retry: "No", message: "The account is restricted." },
+  ModelNotFound: { status: 404, type: "invalid_request_error", code: "model_not_found", retry: "No", param: "model", message: "The model does not exist or is not available." },
+  RequestTimeout: { status: 408, type: "invalid_request_error", code: "request_timeout", retry: "No", message: "The request body did not arrive in time." },
+  RequestTooLarge: { status: 413, type: "invalid_request_error", code: "request_too_large", retry: "No", message: "The request is too large." },
+  UnsupportedMediaType: { status: 415, type: "invalid_request_error", code: "unsupported_content_type", retry: "No", message: "Content-Type must be application/json." },
+  InsufficientQuota: { status: 429, type: "insufficient_quota", code: "insufficient_quota", retry: "No", message: "The account balance is spent." },
+  BillingLimitExceeded: { status: 429, type: "rate_limit_error", code: "billing_limit_exceeded", retry: "No", message: "This key's spend limit is reached." },
+  RateLimitExceeded: { status: 429, type: "rate_limit_error", code: "rate_limit_exceeded", retry: "Yes", message: "Rate limit exceeded." },
+  ConcurrencyLimitExceeded: { status: 429, type: "rate_limit_error", code: "concurrency_limit_exceeded", retry: "Yes", message: "Too many requests are running for this account." },
+  CapacityExhausted: { status: 429, type: "server_error", code: "capacity_exhausted", retry: "Yes", message: "No node can take the request now." },
+  UpstreamError: { status: 502, type: "server_error", code: "upstream_error", retry: "see 7.3", message: "The node failed." },
+  AdmissionUnavailable: { status: 503, type: "server_error", code: "admission_unavailable", retry: "Yes", message: "The service cannot accept the request now." },
+  ServerDraining: { status: 503, type: "server_error", code: "server_draining", retry: "Yes", message: "The server is shutting down." },
+  UpstreamTimeout: { status: 504, type: "server_error", code: "upstream_timeout", retry: "see 7.3", message: "The request reached its running-time limit." },
+} as const satisfies Record<string, CatalogueRow>
+
+/** Outside the table: any failure the catalogue does not name (never with internals in the message). */
+export const INTERNAL_ERROR_ROW = {
+  status: 500,
+  type: "server_error",
+  code: "internal_error",
+  retry: "No",
+  message: "The server failed to answer the request.",
+} as const satisfies CatalogueRow
+
+/** Spec §7.3 rule 2 / §8: the bound of a retryable row's `Retry-After`. */
+export const retryAfterMax = (row: CatalogueRow): number | undefined =>
+  row.retry !== "Yes"
+    ? undefined
+    : row.code === "rate_limit_exceeded"
+      ? RATE_LIMIT_MAX_RETRY_AFTER
+      : OTHER_MAX_RETRY_AFTER
+
 const param = Schema.NullOr(Schema.String)
 const retryAfterSeconds = Schema.Number
 
+type WireClass<Self, Tag extends string, F extends Schema.Struct.Fields> = Schema.TaggedErrorClass<
+  Self,
+  Tag,
+  { readonly _tag: Schema.tag<Tag> } & {
+    readonly message: Schema.optionalWith<typeof Schema.String, { default: () => string }>
+  } & F
+> & {
+  readonly row: CatalogueRow
+  // biome-ignore lint/suspicious/noExplicitAny: the Schema class's own constructor types the arguments
+  new (...args: ReadonlyArray<any>): Omit<WireError, "_tag" | "message">
+}
+
+/**
+ * The tagged error class of one catalogue row: `message` (defaulting to the
+ * row's), the row's fields as getters, and `fields` besides (`param` when
+ * each error names its own, `retryAfterSeconds` on retryable rows).
+ */
+const wire =
+  <Self>() =>
+  <const Tag extends string, F extends Schema.Struct.Fields>(
+    tag: Tag,
+    row: CatalogueRow,
+    fields: F,
+  ): WireClass<Self, Tag, F> => {
+    // Typed at the end: TypeScript cannot extend a class whose fields are still a type parameter.
+    const Base = Schema.TaggedError<{ readonly _tag: Tag }>()(tag, {
+      message: Schema.optionalWith(Schema.String, { default: () => row.message }),
+      ...fields,
+    }) as unknown as new (
+      props: unknown,
+    ) => { readonly retryAfterSeconds?: number }
+    const max = retryAfterMax(row)
+    class Row extends Base {
+      static readonly row = row
+      get status() {
+        return row.status
+      }
+      get type() {
+        return row.type
+      }
+      get code() {
+        return row.code
+      }
+      get retryAfter(): number | undefined {
+        return max === undefined
+          ? undefined
+          : clampRetryAfter((this as { retryAfterSeconds?: number }).retryAfterSeconds ?? 1, max)
+      }
+    }
+    // A row whose errors name their own `param` has it as a field; the others answer the row's.
+    if (!("param" in fields))
+      Object.defineProperty(Row.prototype, "param", { get: () => row.param ?? null, configurable: true })
+    return Row as unknown as WireClass<Self, Tag, F>
+  }
+
 // --- 400 ---------------------------------------------------------------------
 
-export class InvalidRequest extends Schema.TaggedError<InvalidRequest>()("InvalidRequest", {
-  message,
+export class InvalidRequest extends wire<InvalidRequest>()("InvalidRequest", CATALOGUE.InvalidRequest, {
   param,
-}) {
-  get status() {
-    return 400
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "invalid_request"
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
+}) {}
 /** A content part that is not accepted (audio, file): 400, unlike the 415 for the header. */
-export class UnsupportedContentPart extends Schema.TaggedError<UnsupportedContentPart>()(
+export class UnsupportedContentPart extends wire<UnsupportedContentPart>()(
   "UnsupportedContentPart",
-  { message, param },
-) {
-  get status() {
-    return 400
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "unsupported_content_type"
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class ZdrStorageNotSupported extends Schema.TaggedError<ZdrStorageNotSupported>()(
+  CATALOGUE.UnsupportedContentPart,
+  { param },
+) {}
+export class ZdrStorageNotSupported extends wire<ZdrStorageNotSupported>()(
   "ZdrStorageNotSupported",
-  { message, param },
-) {
-  get status() {
-    return 400
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "zdr_storage_not_supported"
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
+  CATALOGUE.ZdrStorageNotSupported,
+  { param },
+) {}
 
 // --- 401 / 402 / 403 ---------------------------------------------------------
 
-export class InvalidApiKey extends Schema.TaggedError<InvalidApiKey>()("InvalidApiKey", {
-  message,
+export class InvalidApiKey extends wire<InvalidApiKey>()("InvalidApiKey", CATALOGUE.InvalidApiKey, {
   /** A key was sent (and refused); false when none was: RFC 6750 §3 answers the two differently. */
   keySent: Schema.optionalWith(Schema.Boolean, { default: () => true }),
-}) {
-  get status() {
-    return 401
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "invalid_api_key"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class PaymentHold extends Schema.TaggedError<PaymentHold>()("PaymentHold", { message }) {
-  get status() {
-    return 402
-  }
-  get type(): ErrorType {
-    return "insufficient_quota"
-  }
-  get code() {
-    return "payment_hold"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class AccountSpendLimitReached extends Schema.TaggedError<AccountSpendLimitReached>()(
+}) {}
+export class PaymentHold extends wire<PaymentHold>()("PaymentHold", CATALOGUE.PaymentHold, {}) {}
+export class AccountSpendLimitReached extends wire<AccountSpendLimitReached>()(
   "AccountSpendLimitReached",
-  { message },
-) {
-  get status() {
-    return 402
-  }
-  get type(): ErrorType {
-    return "insufficient_quota"
-  }
-  get code() {
-    return "account_spend_limit_reached"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class AccountSuspended extends Schema.TaggedError<AccountSuspended>()("AccountSuspended", {
-  message,
-}) {
-  get status() {
-    return 403
-  }
-  get type(): ErrorType {
-    return "permission_error"
-  }
-  get code() {
-    return "account_suspended"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class AccountRestricted extends Schema.TaggedError<AccountRestricted>()("AccountRestricted", {
-  message,
-}) {
-  get status() {
-    return 403
-  }
-  get type(): ErrorType {
-    return "permission_error"
-  }
-  get code() {
-    return "account_restricted"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
+  CATALOGUE.AccountSpendLimitReached,
+  {},
+) {}
+export class AccountSuspended extends wire<AccountSuspended>()(
+  "AccountSuspended",
+  CATALOGUE.AccountSuspended,
+  {},
+) {}
+export class AccountRestricted extends wire<AccountRestricted>()(
+  "AccountRestricted",
+  CATALOGUE.AccountRestricted,
+  {},
+) {}
 
 // --- 404 / 408 / 413 / 415 ---------------------------------------------------
 
-export class ModelNotFound extends Schema.TaggedError<ModelNotFound>()("ModelNotFound", { message }) {
+export class ModelNotFound extends wire<ModelNotFound>()("ModelNotFound", CATALOGUE.ModelNotFound, {}) {
   static readonly forModel = (model: string) =>
     new ModelNotFound({ message: `The model '${model.slice(0, 200)}' does not exist or is not available.` })
-  get status() {
-    return 404
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "model_not_found"
-  }
-  get param() {
-    return "model"
-  }
-  get retryAfter() {
-    return undefined
-  }
 }
-
-export class RequestTimeout extends Schema.TaggedError<RequestTimeout>()("RequestTimeout", { message }) {
-  get status() {
-    return 408
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "request_timeout"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class RequestTooLarge extends Schema.TaggedError<RequestTooLarge>()("RequestTooLarge", {
-  message,
+export class RequestTimeout extends wire<RequestTimeout>()("RequestTimeout", CATALOGUE.RequestTimeout, {}) {}
+export class RequestTooLarge extends wire<RequestTooLarge>()("RequestTooLarge", CATALOGUE.RequestTooLarge, {
   param,
-}) {
-  get status() {
-    return 413
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "request_too_large"
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
+}) {}
 /** `Content-Type` is not `application/json`: 415, same code as the 400 content-part error. */
-export class UnsupportedMediaType extends Schema.TaggedError<UnsupportedMediaType>()("UnsupportedMediaType", {
-  message,
-}) {
-  get status() {
-    return 415
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "unsupported_content_type"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
+export class UnsupportedMediaType extends wire<UnsupportedMediaType>()(
+  "UnsupportedMediaType",
+  CATALOGUE.UnsupportedMediaType,
+  {},
+) {}
 
 // --- 429 -----------------------------------------------------------------------
 
-export class InsufficientQuota extends Schema.TaggedError<InsufficientQuota>()("InsufficientQuota", {
-  message,
-}) {
-  get status() {
-    return 429
-  }
-  get type(): ErrorType {
-    return "insufficient_quota"
-  }
-  get code() {
-    return "insufficient_quota"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class BillingLimitExceeded extends Schema.TaggedError<BillingLimitExceeded>()("BillingLimitExceeded", {
-  message,
-}) {
-  get status() {
-    return 429
-  }
-  get type(): ErrorType {
-    return "rate_limit_error"
-  }
-  get code() {
-    return "billing_limit_exceeded"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class RateLimitExceeded extends Schema.TaggedError<RateLimitExceeded>()("RateLimitExceeded", {
-  message,
-  retryAfterSeconds,
-}) {
-  get status() {
-    return 429
-  }
-  get type(): ErrorType {
-    return "rate_limit_error"
-  }
-  get code() {
-    return "rate_limit_exceeded"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return clampRetryAfter(this.retryAfterSeconds, RATE_LIMIT_MAX_RETRY_AFTER)
-  }
-}
-
-export class ConcurrencyLimitExceeded extends Schema.TaggedError<ConcurrencyLimitExceeded>()(
+export class InsufficientQuota extends wire<InsufficientQuota>()(
+  "InsufficientQuota",
+  CATALOGUE.InsufficientQuota,
+  {},
+) {}
+export class BillingLimitExceeded extends wire<BillingLimitExceeded>()(
+  "BillingLimitExceeded",
+  CATALOGUE.BillingLimitExceeded,
+  {},
+) {}
+export class RateLimitExceeded extends wire<RateLimitExceeded>()(
+  "RateLimitExceeded",
+  CATALOGUE.RateLimitExceeded,
+  { retryAfterSeconds },
+) {}
+export class ConcurrencyLimitExceeded extends wire<ConcurrencyLimitExceeded>()(
   "ConcurrencyLimitExceeded",
-  { message, retryAfterSeconds },
-) {
-  get status() {
-    return 429
-  }
-  get type(): ErrorType {
-    return "rate_limit_error"
-  }
-  get code() {
-    return "concurrency_limit_exceeded"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return clampRetryAfter(this.retryAfterSeconds, OTHER_MAX_RETRY_AFTER)
-  }
-}
-
-export class CapacityExhausted extends Schema.TaggedError<CapacityExhausted>()("CapacityExhausted", {
-  message,
-  retryAfterSeconds,
-}) {
-  get status() {
-    return 429
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "capacity_exhausted"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return clampRetryAfter(this.retryAfterSeconds, OTHER_MAX_RETRY_AFTER)
-  }
-}
+  CATALOGUE.ConcurrencyLimitExceeded,
+  { retryAfterSeconds },
+) {}
+export class CapacityExhausted extends wire<CapacityExhausted>()(
+  "CapacityExhausted",
+  CATALOGUE.CapacityExhausted,
+  { retryAfterSeconds },
+) {}
 
 // --- 5xx -----------------------------------------------------------------------
 
 /** After the request started (spec §7.3 rule 5): may be charged for what ran; no Retry-After. */
-export class UpstreamError extends Schema.TaggedError<UpstreamError>()("UpstreamError", { message }) {
-  get status() {
-    return 502
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "upstream_error"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
-
-export class AdmissionUnavailable extends Schema.TaggedError<AdmissionUnavailable>()("AdmissionUnavailable", {
-  message,
+export class UpstreamError extends wire<UpstreamError>()("UpstreamError", CATALOGUE.UpstreamError, {}) {}
+export class AdmissionUnavailable extends wire<AdmissionUnavailable>()(
+  "AdmissionUnavailable",
+  CATALOGUE.AdmissionUnavailable,
+  { retryAfterSeconds },
+) {}
+export class ServerDraining extends wire<ServerDraining>()("ServerDraining", CATALOGUE.ServerDraining, {
   retryAfterSeconds,
-}) {
-  get status() {
-    return 503
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "admission_unavailable"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return clampRetryAfter(this.retryAfterSeconds, OTHER_MAX_RETRY_AFTER)
-  }
-}
-
-export class ServerDraining extends Schema.TaggedError<ServerDraining>()("ServerDraining", {
-  message,
-  retryAfterSeconds,
-}) {
-  get status() {
-    return 503
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "server_draining"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return clampRetryAfter(this.retryAfterSeconds, OTHER_MAX_RETRY_AFTER)
-  }
-}
-
-export class UpstreamTimeout extends Schema.TaggedError<UpstreamTimeout>()("UpstreamTimeout", { message }) {
-  get status() {
-    return 504
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "upstream_timeout"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
+}) {}
+export class UpstreamTimeout extends wire<UpstreamTimeout>()(
+  "UpstreamTimeout",
+  CATALOGUE.UpstreamTimeout,
+  {},
+) {}
 
 // --- outside the table: 422 and 500 ---------------------------------------------
 
@@ -481,23 +272,7 @@ export class ValidationFailed extends Schema.TaggedError<ValidationFailed>()("Va
 }
 
 /** 500: an internal failure, never with internals in the message. */
-export class InternalError extends Schema.TaggedError<InternalError>()("InternalError", { message }) {
-  get status() {
-    return 500
-  }
-  get type(): ErrorType {
-    return "server_error"
-  }
-  get code() {
-    return "internal_error"
-  }
-  get param() {
-    return null
-  }
-  get retryAfter() {
-    return undefined
-  }
-}
+export class InternalError extends wire<InternalError>()("InternalError", INTERNAL_ERROR_ROW, {}) {}
 
 /** Every row of spec §7.2, in table order. */
 export const catalogue = [

@@ -1,5 +1,5 @@
+export * from "./Encode"
 export * from "./Errors"
-export * from "./Render"
 export * from "./RequestDecoding"
 export * from "./Schemas"
 export * as Tokens from "./Tokens"

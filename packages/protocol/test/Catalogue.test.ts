@@ -9,6 +9,7 @@ import fc from "fast-check"
 import {
   AccountSuspended,
   type ApiError,
+  CATALOGUE,
   type CatalogueError,
   catalogue,
   ErrorEnvelopeSchema,
@@ -100,6 +101,25 @@ const retryAfterOf = (row: Row, seconds: number): string | undefined => {
 const retryable = SPEC_TABLE.filter((r) => r.retry === "Yes")
 
 describe("catalogue vs spec §7.2", () => {
+  it("the catalogue's data is the spec's table, row for row, and each class is made from its row", () => {
+    const rows = Object.values(CATALOGUE)
+    expect(rows.map(({ status, type, code, retry }) => ({ status, type, code, retry }))).toEqual(SPEC_TABLE)
+    expect(catalogue.map((C) => C.row)).toEqual(rows)
+    expect(catalogue.map((C) => C._tag)).toEqual(Object.keys(CATALOGUE))
+  })
+
+  it("an error made without a message carries its row's default message", () => {
+    for (const C of catalogue) {
+      const props: Record<string, unknown> = {}
+      if (hasField(C, "param")) props.param = null
+      if (hasField(C, "retryAfterSeconds")) props.retryAfterSeconds = 5
+      const err = new (C as unknown as Ctor)(props)
+      expect(err.message).toBe(C.row.message)
+      expect(err.message.length).toBeGreaterThan(0)
+      expect(JSON.parse(renderError(err, REQUEST_ID).body).error.message).toBe(C.row.message)
+    }
+  })
+
   it("has exactly one distinct class per table row (21)", () => {
     expect(SPEC_TABLE).toHaveLength(21)
     expect(catalogue).toHaveLength(SPEC_TABLE.length)
