@@ -3,6 +3,8 @@
  * transcribed by hand from the spec (not derived from `src`), so a drift in
  * either place shows up here.
  */
+import { readFileSync } from "node:fs"
+import { fileURLToPath } from "node:url"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Either, Schema } from "effect"
 import fc from "fast-check"
@@ -20,6 +22,7 @@ import {
   RateLimitExceeded,
   type RenderedError,
   renderError,
+  retryAfterMax,
   streamErrorEvent,
   UnsupportedContentPart,
   UnsupportedMediaType,
@@ -100,7 +103,40 @@ const retryAfterOf = (row: Row, seconds: number): string | undefined => {
 
 const retryable = SPEC_TABLE.filter((r) => r.retry === "Yes")
 
+/** The README's error table, between its markers: `| HTTP | type | code | Retry-After | When |`. */
+const readmeTable = () => {
+  const readme = readFileSync(fileURLToPath(new URL("../../../README.md", import.meta.url)), "utf8")
+  const block = readme.slice(
+    readme.indexOf("<!-- error-table:start -->"),
+    readme.indexOf("<!-- error-table:end -->"),
+  )
+  return block
+    .split("\n")
+    .filter((line) => /^\| \d{3} \|/.test(line))
+    .map((line) => {
+      const [status, type, code, retryAfter] = line
+        .split("|")
+        .slice(1)
+        .map((cell) => cell.trim())
+      return { status: Number(status), type, code, retryAfter }
+    })
+}
+
 describe("catalogue vs spec §7.2", () => {
+  it("the README's error table lists the catalogue, row for row, with the Retry-After bounds", () => {
+    expect(readmeTable()).toEqual(
+      Object.values(CATALOGUE).map((row) => {
+        const max = retryAfterMax(row)
+        return {
+          status: row.status,
+          type: row.type,
+          code: row.code,
+          retryAfter: max === undefined ? "—" : `1–${max}`,
+        }
+      }),
+    )
+  })
+
   it("the catalogue's data is the spec's table, row for row, and each class is made from its row", () => {
     const rows = Object.values(CATALOGUE)
     expect(rows.map(({ status, type, code, retry }) => ({ status, type, code, retry }))).toEqual(SPEC_TABLE)
