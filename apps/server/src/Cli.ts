@@ -6,8 +6,8 @@
  */
 import { parseArgs } from "node:util"
 import type { SqlClient } from "@effect/sql"
+import { Admin, BillingAdmin } from "@swarmgate/admin"
 import type { ApiKeys, Repository } from "@swarmgate/auth"
-import { Admin, BillingAdmin } from "@swarmgate/gateway"
 import { InvalidRequest } from "@swarmgate/protocol"
 import { Data, Effect } from "effect"
 

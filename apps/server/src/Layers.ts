@@ -4,10 +4,11 @@
  * `REDIS_URL`, everything instances must agree on moves to Redis: limits,
  * the billing book, key invalidation and node registrations.
  */
+import { AdminHttp } from "@swarmgate/admin"
 import { ApiKeys, InvalidationBus, Repository } from "@swarmgate/auth"
 import { Billing, RedisBilling } from "@swarmgate/billing"
 import { type Dispatcher, Presets } from "@swarmgate/dispatch"
-import { GatewayConfig, Health, Limits, Metrics, NodeRegistry } from "@swarmgate/gateway"
+import { GatewayConfig, Health, Limits, Metrics, NodeRegistry, type SideRoutes } from "@swarmgate/gateway"
 import type { Quota } from "@swarmgate/quota"
 import { Database } from "@swarmgate/store"
 import { Config, type ConfigError, Effect, Layer, Option, Redacted } from "effect"
@@ -81,7 +82,7 @@ export const OpsLive = Layer.unwrapEffect(
   ),
 ).pipe(Layer.provide(SwarmLive), Layer.provide(StoreLive))
 
-export const GatewayLive = Layer.mergeAll(
+const ServicesLive = Layer.mergeAll(
   AuthLive,
   SwarmLive,
   GatewayConfig.layerFromEnv,
@@ -89,3 +90,9 @@ export const GatewayLive = Layer.mergeAll(
   LimitsLive,
   OpsLive,
 )
+
+/** Everything the server runs on, with the admin API (`@swarmgate/admin`) on the routes outside /v1. */
+export const GatewayLive: Layer.Layer<
+  Layer.Layer.Success<typeof ServicesLive> | SideRoutes.SideRoutes,
+  Layer.Layer.Error<typeof ServicesLive>
+> = AdminHttp.layer.pipe(Layer.provideMerge(ServicesLive))

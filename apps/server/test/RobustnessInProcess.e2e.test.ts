@@ -9,12 +9,14 @@
  *   no kernel socket buffer (megabytes on loopback, more than a whole capped
  *   stream) hides whether the gateway waits for the client.
  */
+
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Duplex } from "node:stream"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { AdminHttp } from "@swarmgate/admin"
 import { ApiKeys, KeyFormat, Repository } from "@swarmgate/auth"
 import { GatewayConfig, HttpServer } from "@swarmgate/gateway"
 import { ConfigProvider, Effect, Exit, Layer, Logger, LogLevel, ManagedRuntime, Scope } from "effect"
@@ -125,13 +127,10 @@ beforeAll(async () => {
     })),
   ).pipe(Layer.provide(StoreLive))
   const auth = ApiKeys.layer().pipe(Layer.provide(counted), Layer.provideMerge(StoreLive))
-  const gateway = Layer.mergeAll(
-    auth,
-    SwarmLive,
-    GatewayConfig.layerFromEnv,
-    BillingLive,
-    LimitsLive,
-    OpsLive,
+  const gateway = AdminHttp.layer.pipe(
+    Layer.provideMerge(
+      Layer.mergeAll(auth, SwarmLive, GatewayConfig.layerFromEnv, BillingLive, LimitsLive, OpsLive),
+    ),
   )
   const runtime = ManagedRuntime.make(
     gateway.pipe(

@@ -4,13 +4,13 @@
  * runs as one fiber; a client that goes away interrupts it, which cancels the
  * node stream and releases everything acquired for it.
  */
-import { createHash, randomUUID, timingSafeEqual } from "node:crypto"
+import { randomUUID } from "node:crypto"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
 import type { Billing as BillingService } from "@swarmgate/billing"
-import { Dispatcher, Timers } from "@swarmgate/dispatch"
+import { Dispatcher } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
   type ApiError,
@@ -19,24 +19,22 @@ import {
   InvalidRequest,
   isApiError,
   REQUEST_ID_HEADER,
-  RequestTimeout,
-  RequestTooLarge,
   renderError,
   streamErrorEvent,
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
 import type { Quota } from "@swarmgate/quota"
-import { Cause, Effect, Either, Exit, FiberId, Option, Redacted, Runtime, Scope } from "effect"
-import { handleAdmin } from "./Admin"
-import * as AdminNodes from "./AdminNodes"
+import { Cause, Context, Effect, Either, Exit, FiberId, Option, Runtime, Scope } from "effect"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
-import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
+import { GatewayConfig } from "./GatewayConfig"
+import { closeAfterUnreadBody, empty, isJsonContentType, parseJson, readBody, sendJson } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
 import * as Operations from "./Operations"
 import { type NormalizedRequest, normalize, type PresetView } from "./RequestPolicy"
+import * as SideRoutes from "./SideRoutes"
 
 export type GatewayServices =
   | ApiKeys.ApiKeys
@@ -49,55 +47,6 @@ export type GatewayServices =
   | SqlClient.SqlClient
 
 const newRequestId = () => `req_${randomUUID().replaceAll("-", "")}`
-
-const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
-  res.writeHead(status, { ...headers, "content-length": "0" })
-  res.end()
-}
-
-const sendJson = (res: ServerResponse, status: number, body: unknown) => {
-  const text = JSON.stringify(body)
-  res.writeHead(status, {
-    "content-type": "application/json",
-    "content-length": String(Buffer.byteLength(text)),
-  })
-  res.end(text)
-}
-
-const hasBody = (req: IncomingMessage) =>
-  req.headers["transfer-encoding"] !== undefined ||
-  (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0")
-
-/** After refusing a body we did not read, how much more of it we discard before cutting the connection. */
-const DRAIN_MAX_BYTES = 1024 * 1024
-const DRAIN_MAX_MILLIS = 2_000
-
-/**
- * A refused body is drained for a bounded while, so that a client still
- * uploading can read our answer (closing at once makes it see EPIPE, not the
- * 413); past the bound the connection is cut.
- */
-const closeAfterUnreadBody = (req: IncomingMessage, res: ServerResponse) => {
-  if (req.complete || !hasBody(req)) return
-  res.once("finish", () => {
-    if (req.complete) return
-    const socket = req.socket
-    // Counted per chunk: on loopback a polling check lets tens of MB through between two ticks.
-    let drained = 0
-    const cut = () => {
-      clearTimeout(timer)
-      socket.destroy()
-    }
-    const timer = setTimeout(cut, DRAIN_MAX_MILLIS)
-    timer.unref()
-    req.on("data", (chunk: Buffer) => {
-      drained += chunk.length
-      if (drained > DRAIN_MAX_BYTES) cut()
-    })
-    req.once("end", () => clearTimeout(timer))
-    req.resume()
-  })
-}
 
 const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string, error: ApiError) => {
   if (res.headersSent) {
@@ -119,73 +68,6 @@ const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string
   })
   res.end(rendered.body)
 }
-
-const isJsonContentType = (value: string | undefined) => {
-  if (value === undefined) return false
-  const semi = value.indexOf(";")
-  return (semi < 0 ? value : value.slice(0, semi)).trim().toLowerCase() === "application/json"
-}
-
-/** Reads the whole body within the size limit and the arrival deadline. */
-const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
-  Effect.async<Buffer, RequestTooLarge | RequestTimeout>((resume) => {
-    const tooLarge = () =>
-      new RequestTooLarge({
-        message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
-        param: null,
-      })
-    const declared = req.headers["content-length"]
-    if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
-      resume(Effect.fail(tooLarge()))
-      return
-    }
-    const chunks: Array<Buffer> = []
-    let size = 0
-    const cleanup = () => {
-      cancelTimer()
-      req.off("data", onData)
-      req.off("end", onEnd)
-    }
-    const onData = (chunk: Buffer) => {
-      size += chunk.length
-      if (size > config.maxBodyBytes) {
-        cleanup()
-        req.pause()
-        resume(Effect.fail(tooLarge()))
-        return
-      }
-      chunks.push(chunk)
-    }
-    const onEnd = () => {
-      cleanup()
-      resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
-    }
-    // One shared list for every body's deadline, counted from the request's arrival.
-    const cancelTimer = Timers.deadline(
-      config.bodyTimeoutMillis,
-      () => {
-        cleanup()
-        req.pause()
-        resume(
-          Effect.fail(
-            new RequestTimeout({
-              message: `The request body did not arrive within ${Math.round(config.bodyTimeoutMillis / 1000)} seconds.`,
-            }),
-          ),
-        )
-      },
-      startedAt,
-    )
-    req.on("data", onData)
-    req.on("end", onEnd)
-    return Effect.sync(cleanup)
-  })
-
-const parseJson = (buffer: Buffer) =>
-  Effect.try({
-    try: () => JSON.parse(buffer.toString("utf8")) as unknown,
-    catch: () => new InvalidRequest({ message: "The request body is not valid JSON.", param: null }),
-  })
 
 /** Storage trouble while authenticating is ours, not the caller's: a retryable 503. */
 const storageUnavailable = () =>
@@ -283,60 +165,17 @@ const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetV
   return preset === undefined ? undefined : { preset, vision: preset.vision && dispatcher.visionFor(id) }
 }
 
-const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
-  const header = req.headers.authorization ?? ""
-  const expected = createHash("sha256")
-    .update(`Bearer ${Redacted.value(token)}`)
-    .digest()
-  const actual = createHash("sha256").update(header).digest()
-  return timingSafeEqual(expected, actual)
-}
-
-const admin = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  segments: ReadonlyArray<string>,
-  startedAt: number,
-) =>
-  Effect.gen(function* () {
-    const config = yield* GatewayConfig
-    if (Option.isNone(config.adminToken)) return empty(res, 404)
-    if (!adminAuthorized(req, config.adminToken.value)) {
-      closeAfterUnreadBody(req, res)
-      return sendJson(res, 401, {
-        error: {
-          message: "Admin API: send 'Authorization: Bearer $SWARMGATE_ADMIN_TOKEN'.",
-          type: "invalid_request_error",
-          code: "invalid_admin_token",
-          param: null,
-        },
-      })
-    }
-    let body: unknown
-    if (req.method === "POST" || req.method === "PATCH") {
-      const buffer = yield* readBody(req, config, startedAt)
-      if (buffer.length > 0) body = yield* parseJson(buffer)
-    }
-    const url = req.url ?? "/"
-    const q = url.indexOf("?")
-    const response =
-      segments[0] === "nodes"
-        ? yield* AdminNodes.handle(req.method ?? "GET", segments.slice(1), body)
-        : yield* handleAdmin({
-            method: req.method ?? "GET",
-            segments,
-            query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)),
-            body,
-          })
-    if (response.body === undefined) return empty(res, response.status)
-    sendJson(res, response.status, response.body)
-  })
-
 type Route =
-  | { readonly _tag: "Empty"; readonly status: 404 | 405; readonly allow?: string }
+  | SideRoutes.Route
   | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices> }
 
-const route = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number): Route => {
+const route = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  startedAt: number,
+  side: SideRoutes.SideRoutesShape | undefined,
+): Route => {
   const url = req.url ?? "/"
   const q = url.indexOf("?")
   const path = q < 0 ? url : url.slice(0, q)
@@ -351,16 +190,13 @@ const route = (req: IncomingMessage, res: ServerResponse, requestId: string, sta
       ? { _tag: "Run", effect: Models.list(authenticate(req), res, requestId) }
       : { _tag: "Empty", status: 405, allow: "GET" }
   }
-  if (path.startsWith("/admin/v1/")) {
-    const segments = path
-      .slice("/admin/v1/".length)
-      .split("/")
-      .filter((s) => s.length > 0)
-      .map(decodeURIComponent)
-    return { _tag: "Run", effect: admin(req, res, segments, startedAt) }
-  }
   if (path === "/healthz" && method === "GET") {
     return { _tag: "Run", effect: Effect.sync(() => sendJson(res, 200, { status: "ok" })) }
+  }
+  // Outside /v1 (which keeps exactly its two routes): the admin API and pages, when present.
+  if (side !== undefined && !path.startsWith("/v1/")) {
+    const decided = side.route(req, res, path, startedAt)
+    if (decided !== undefined) return decided
   }
   return { _tag: "Empty", status: 404 }
 }
@@ -371,6 +207,7 @@ const route = (req: IncomingMessage, res: ServerResponse, requestId: string, sta
  */
 export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Operations.Operations) => {
   const runFork = Runtime.runFork(runtime)
+  const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()
     const requestId = newRequestId()
@@ -402,9 +239,9 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     }
     let decided: Route
     try {
-      decided = route(req, res, requestId, startedAt)
+      decided = route(req, res, requestId, startedAt, side)
     } catch {
-      // A malformed percent-escape in an admin path.
+      // A malformed percent-escape in a path outside /v1.
       decided = { _tag: "Empty", status: 404 }
     }
     if (decided._tag === "Empty") {

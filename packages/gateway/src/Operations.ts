@@ -18,9 +18,12 @@ import { Drainer, refuse } from "./Drain"
 import { Health, type HealthShape } from "./Health"
 import { Metrics, type MetricsShape } from "./Metrics"
 import * as RequestLog from "./RequestLog"
+import { SideRoutes, type SideRoutesShape } from "./SideRoutes"
 
 export interface Operations {
   readonly drainer: Drainer
+  /** Routes another package serves outside `/v1` (the admin API), for the drain's route check. */
+  readonly side: Option.Option<SideRoutesShape>
   readonly metrics: Option.Option<MetricsShape>
   readonly health: Option.Option<HealthShape>
   readonly log: RequestLog.RequestWriter
@@ -30,6 +33,7 @@ export interface Operations {
 export const make: Effect.Effect<Operations> = Effect.gen(function* () {
   return {
     drainer: new Drainer(),
+    side: yield* Effect.serviceOption(SideRoutes),
     metrics: yield* Effect.serviceOption(Metrics),
     health: yield* Effect.serviceOption(Health),
     log: RequestLog.writer(yield* FiberRef.get(FiberRef.currentMinimumLogLevel)),
@@ -112,11 +116,11 @@ const readyEndpoint = (ops: Operations, res: ServerResponse) => {
   )
 }
 
-/** Whether a handler serves `method` on `path` (the routes of HttpServer, probes aside). */
-const served = (method: string, path: string) =>
+/** Whether a handler serves `method` on `path` (the routes of HttpServer and the side routes, probes aside). */
+const served = (ops: Operations, method: string, path: string) =>
   (path === "/v1/chat/completions" && method === "POST") ||
   (path === "/v1/models" && (method === "GET" || method === "HEAD")) ||
-  path.startsWith("/admin/")
+  (Option.isSome(ops.side) && !path.startsWith("/v1/") && ops.side.value.serves(method, path))
 
 /**
  * Starts accounting for a request and answers it when it is operational:
@@ -146,7 +150,7 @@ export const intercept = (
   }
   // Spec §4.3: the route check comes first, draining or not: an unknown path is still 404, a wrong
   // method 405; only a request a handler would serve is refused with 503 server_draining.
-  if (ops.drainer.draining && served(method, path)) {
+  if (ops.drainer.draining && served(ops, method, path)) {
     record.code = "server_draining"
     // Read and drop the body: closing on unread bytes would reset the connection before the 503 arrives.
     req.resume()

@@ -1,7 +1,6 @@
 /**
  * The gateway's side of billing: how a request's end maps to a usage outcome,
- * the hold around a request (settled even when the fiber is interrupted), and
- * the admin views fed by the live book.
+ * and the hold around a request (settled even when the fiber is interrupted).
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
@@ -11,7 +10,6 @@ import { Presets } from "@swarmgate/dispatch"
 import { UpstreamError, UpstreamTimeout } from "@swarmgate/protocol"
 import { Database } from "@swarmgate/store"
 import { Cause, Deferred, Effect, Either, Exit, Fiber, FiberId, Layer, TestClock } from "effect"
-import { type AdminResponse, handleAdmin } from "../src/Admin"
 import * as Billing from "../src/Billing"
 import * as ChatCompletions from "../src/ChatCompletions"
 import type { NormalizedRequest } from "../src/RequestPolicy"
@@ -71,12 +69,6 @@ const usageRows = (accountId: string) =>
       sql<{ outcome: string; completion_tokens: number; cost_micros: number }>`
       SELECT outcome, completion_tokens, cost_micros FROM usage_records WHERE account_id = ${accountId}`,
   )
-
-// biome-ignore lint/suspicious/noExplicitAny: responses are JSON read by field
-const json = (response: AdminResponse): any => response.body
-
-const call = (method: string, path: string, body?: unknown) =>
-  handleAdmin({ method, segments: path.split("/"), query: new URLSearchParams(), body })
 
 describe("usageOutcome", () => {
   const interrupted = Exit.failCause(Cause.interrupt(FiberId.none))
@@ -173,52 +165,6 @@ describe("hold", () => {
           value: { _tag: "InsufficientQuota", status: 429, code: "insufficient_quota" },
         })
       }),
-    ),
-  )
-})
-
-describe("admin views with billing", () => {
-  it.effect("show available, held and spent from the live book, and the prices", () =>
-    run(
-      Effect.gen(function* () {
-        const who = yield* principal(1)
-        const billing = yield* BillingService.Billing
-        const input = {
-          requestId: "req_a",
-          accountId: who.account.id,
-          keyId: who.key.id,
-          model: PRIME.id,
-          promptTokens: 20,
-          maxTokens: 100,
-          paymentHold: false,
-          monthlySpendLimitMicros: null,
-          keySpendLimitMicros: null,
-          ttlMillis: 60_000,
-        }
-        // Each holds 20 × 2.5 + 100 × 10 = 1_050 µ$.
-        yield* billing.reserve(input)
-        yield* billing.reserve({ ...input, requestId: "req_b" })
-        yield* billing.settle("req_a", { completionTokens: 10, outcome: "completed" })
-        // Not yet written: the view still counts it.
-        const account = json(yield* call("GET", `accounts/${who.account.id}`))
-        expect(account).toMatchObject({ balance_usd: 0.9988, held_usd: 0.00105, spent_month_usd: 0.00015 })
-        expect(json(yield* call("GET", `keys/${who.key.id}`)).spent_usd).toBe(0.00015)
-        const credited = json(yield* call("POST", `accounts/${who.account.id}/credits`, { amount_usd: 1 }))
-        expect(credited).toMatchObject({ balance_usd: 1.9988, held_usd: 0.00105 })
-        expect(json(yield* call("GET", "prices"))).toEqual({ object: "list", data: Prices.view(PRICES) })
-      }),
-    ),
-  )
-
-  it.effect("without billing (the CLI), prices are not found and views come from the ledger", () =>
-    Effect.provide(
-      Effect.gen(function* () {
-        yield* TestClock.setTime(NOW)
-        expect((yield* call("GET", "prices")).status).toBe(404)
-        const account = json(yield* call("POST", "accounts", { name: "A", balance_usd: 2 }))
-        expect(account).toMatchObject({ balance_usd: 2, held_usd: 0, spent_month_usd: 0 })
-      }),
-      StoreLayer,
     ),
   )
 })

@@ -1,10 +1,8 @@
 import type { ServerResponse } from "node:http"
 import { describe, expect, it } from "@effect/vitest"
-import { type Account, ApiKeys, type Principal, Repository } from "@swarmgate/auth"
+import type { Account, Principal } from "@swarmgate/auth"
 import { Dispatcher, Presets } from "@swarmgate/dispatch"
-import { Database } from "@swarmgate/store"
-import { Effect, Exit, Layer, Scope, TestClock } from "effect"
-import { getAccount } from "../src/Admin"
+import { Effect, Exit, Layer, Scope } from "effect"
 import * as Limits from "../src/Limits"
 
 const presets = Presets.defaultPresets()
@@ -133,50 +131,5 @@ describe("admit", () => {
         ),
       )
     }).pipe(Effect.provide(Limits.layer().pipe(Layer.provide(DispatcherNoNodes)))),
-  )
-})
-
-const AdminLayer = ApiKeys.layer().pipe(
-  Layer.provideMerge(Repository.layer),
-  Layer.provideMerge(Database.layer("sqlite::memory:")),
-)
-
-describe("GET /admin/v1/accounts/{id}", () => {
-  it.effect("shows usage_now where limits are admitted, per model for rates", () =>
-    Effect.gen(function* () {
-      yield* TestClock.setTime(Date.UTC(2026, 10, 18, 12))
-      const repo = yield* Repository.Repository
-      const created = yield* repo.createAccount({ name: "Acme", limits: { rpm: 2, daily: 5 } })
-      const permitScope = yield* Scope.make()
-      const permit = yield* Scope.extend(
-        Limits.admit(
-          fakeResponse().res,
-          { account: created } as unknown as Principal,
-          "swarm-swift",
-          notStarted(),
-        ),
-        permitScope,
-      )
-      yield* permit.commit
-      const view = yield* getAccount(created.id)
-      expect(view.usage_now).toEqual({
-        concurrency: 1,
-        queued: 0,
-        rpm_remaining: { "swarm-prime": 2, "swarm-swift": 1 },
-        rph_remaining: { "swarm-prime": 1_000, "swarm-swift": 999 },
-        daily_remaining: 4,
-        weekly_remaining: 49_999,
-      })
-      yield* Scope.close(permitScope, Exit.void)
-      expect((yield* getAccount(created.id)).usage_now?.concurrency).toBe(0)
-    }).pipe(Effect.provide(Layer.merge(AdminLayer, Limits.layer().pipe(Layer.provide(DispatcherNoNodes))))),
-  )
-
-  it.effect("has no usage_now without the limits service (the CLI)", () =>
-    Effect.gen(function* () {
-      const repo = yield* Repository.Repository
-      const created = yield* repo.createAccount({ name: "Acme" })
-      expect("usage_now" in (yield* getAccount(created.id))).toBe(false)
-    }).pipe(Effect.provide(AdminLayer)),
   )
 })

@@ -17,11 +17,11 @@ import {
   Repository,
   usdToMicros,
 } from "@swarmgate/auth"
+import { Limits } from "@swarmgate/gateway"
 import { AdmissionUnavailable, type ErrorType, InvalidRequest } from "@swarmgate/protocol"
 import { Database } from "@swarmgate/store"
 import { Clock, Effect, Either, ParseResult, Schema } from "effect"
 import * as BillingAdmin from "./BillingAdmin"
-import * as Limits from "./Limits"
 
 export interface AdminRequest {
   readonly method: string

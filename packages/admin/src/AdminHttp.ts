@@ -1,0 +1,95 @@
+/**
+ * The admin API on the gateway's server: `/admin/v1/…` behind the admin
+ * token (compared in constant time), bodies read within the gateway's
+ * limits, answers as JSON. Provided to the gateway as its `SideRoutes`.
+ */
+import { createHash, timingSafeEqual } from "node:crypto"
+import type { IncomingMessage, ServerResponse } from "node:http"
+import type { Dispatcher } from "@swarmgate/dispatch"
+import { GatewayConfig, HttpIo, SideRoutes } from "@swarmgate/gateway"
+import { Effect, Layer, Option, Redacted } from "effect"
+import { type AdminServices, handleAdmin } from "./Admin"
+import * as AdminNodes from "./AdminNodes"
+
+export const ADMIN_PREFIX = "/admin/v1/"
+
+/** What the admin surface needs from the server's services (billing and limits are used when present). */
+export type AdminHttpServices = AdminServices | Dispatcher.Dispatcher | GatewayConfig.GatewayConfig
+
+export const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
+  const header = req.headers.authorization ?? ""
+  const expected = createHash("sha256")
+    .update(`Bearer ${Redacted.value(token)}`)
+    .digest()
+  const actual = createHash("sha256").update(header).digest()
+  return timingSafeEqual(expected, actual)
+}
+
+/** `/admin/v1/<segments>`: 404 without an admin token configured, 401 with a wrong one. */
+export const admin = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  segments: ReadonlyArray<string>,
+  startedAt: number,
+) =>
+  Effect.gen(function* () {
+    const config = yield* GatewayConfig.GatewayConfig
+    if (Option.isNone(config.adminToken)) return HttpIo.empty(res, 404)
+    if (!adminAuthorized(req, config.adminToken.value)) {
+      HttpIo.closeAfterUnreadBody(req, res)
+      return HttpIo.sendJson(res, 401, {
+        error: {
+          message: "Admin API: send 'Authorization: Bearer $SWARMGATE_ADMIN_TOKEN'.",
+          type: "invalid_request_error",
+          code: "invalid_admin_token",
+          param: null,
+        },
+      })
+    }
+    let body: unknown
+    if (req.method === "POST" || req.method === "PATCH") {
+      const buffer = yield* HttpIo.readBody(req, config, startedAt)
+      if (buffer.length > 0) body = yield* HttpIo.parseJson(buffer)
+    }
+    const url = req.url ?? "/"
+    const q = url.indexOf("?")
+    const response =
+      segments[0] === "nodes"
+        ? yield* AdminNodes.handle(req.method ?? "GET", segments.slice(1), body)
+        : yield* handleAdmin({
+            method: req.method ?? "GET",
+            segments,
+            query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)),
+            body,
+          })
+    if (response.body === undefined) return HttpIo.empty(res, response.status)
+    HttpIo.sendJson(res, response.status, response.body)
+  })
+
+/** The segments of an admin path; throws on a malformed percent-escape (the server answers 404). */
+const segmentsOf = (path: string) =>
+  path
+    .slice(ADMIN_PREFIX.length)
+    .split("/")
+    .filter((s) => s.length > 0)
+    .map(decodeURIComponent)
+
+/** The admin routes over the services in context (captured once, when the layer is built). */
+export const make = Effect.map(
+  Effect.context<AdminHttpServices>(),
+  (context): SideRoutes.SideRoutesShape => ({
+    route: (req, res, path, startedAt) =>
+      path.startsWith(ADMIN_PREFIX)
+        ? {
+            _tag: "Run",
+            effect: Effect.provide(admin(req, res, segmentsOf(path), startedAt), context),
+          }
+        : undefined,
+    serves: (_method, path) => path.startsWith("/admin/"),
+  }),
+)
+
+export const layer: Layer.Layer<SideRoutes.SideRoutes, never, AdminHttpServices> = Layer.effect(
+  SideRoutes.SideRoutes,
+  make,
+)

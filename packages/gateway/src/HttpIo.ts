@@ -1,0 +1,127 @@
+/**
+ * Plain `node:http` helpers shared by every surface on the server (the
+ * request path here, the admin API and pages in `@swarmgate/admin`): empty
+ * and JSON answers, bodies within their limits, and the bounded drain of a
+ * body that was refused unread.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http"
+import { Timers } from "@swarmgate/dispatch"
+import { InvalidRequest, RequestTimeout, RequestTooLarge } from "@swarmgate/protocol"
+import { Effect } from "effect"
+import type { GatewayConfigShape } from "./GatewayConfig"
+
+export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
+  res.writeHead(status, { ...headers, "content-length": "0" })
+  res.end()
+}
+
+export const sendJson = (res: ServerResponse, status: number, body: unknown) => {
+  const text = JSON.stringify(body)
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": String(Buffer.byteLength(text)),
+  })
+  res.end(text)
+}
+
+export const hasBody = (req: IncomingMessage) =>
+  req.headers["transfer-encoding"] !== undefined ||
+  (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0")
+
+/** After refusing a body we did not read, how much more of it we discard before cutting the connection. */
+const DRAIN_MAX_BYTES = 1024 * 1024
+const DRAIN_MAX_MILLIS = 2_000
+
+/**
+ * A refused body is drained for a bounded while, so that a client still
+ * uploading can read our answer (closing at once makes it see EPIPE, not the
+ * 413); past the bound the connection is cut.
+ */
+export const closeAfterUnreadBody = (req: IncomingMessage, res: ServerResponse) => {
+  if (req.complete || !hasBody(req)) return
+  res.once("finish", () => {
+    if (req.complete) return
+    const socket = req.socket
+    // Counted per chunk: on loopback a polling check lets tens of MB through between two ticks.
+    let drained = 0
+    const cut = () => {
+      clearTimeout(timer)
+      socket.destroy()
+    }
+    const timer = setTimeout(cut, DRAIN_MAX_MILLIS)
+    timer.unref()
+    req.on("data", (chunk: Buffer) => {
+      drained += chunk.length
+      if (drained > DRAIN_MAX_BYTES) cut()
+    })
+    req.once("end", () => clearTimeout(timer))
+    req.resume()
+  })
+}
+
+export const isJsonContentType = (value: string | undefined) => {
+  if (value === undefined) return false
+  const semi = value.indexOf(";")
+  return (semi < 0 ? value : value.slice(0, semi)).trim().toLowerCase() === "application/json"
+}
+
+/** Reads the whole body within the size limit and the arrival deadline. */
+export const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
+  Effect.async<Buffer, RequestTooLarge | RequestTimeout>((resume) => {
+    const tooLarge = () =>
+      new RequestTooLarge({
+        message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
+        param: null,
+      })
+    const declared = req.headers["content-length"]
+    if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
+      resume(Effect.fail(tooLarge()))
+      return
+    }
+    const chunks: Array<Buffer> = []
+    let size = 0
+    const cleanup = () => {
+      cancelTimer()
+      req.off("data", onData)
+      req.off("end", onEnd)
+    }
+    const onData = (chunk: Buffer) => {
+      size += chunk.length
+      if (size > config.maxBodyBytes) {
+        cleanup()
+        req.pause()
+        resume(Effect.fail(tooLarge()))
+        return
+      }
+      chunks.push(chunk)
+    }
+    const onEnd = () => {
+      cleanup()
+      resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
+    }
+    // One shared list for every body's deadline, counted from the request's arrival.
+    const cancelTimer = Timers.deadline(
+      config.bodyTimeoutMillis,
+      () => {
+        cleanup()
+        req.pause()
+        resume(
+          Effect.fail(
+            new RequestTimeout({
+              message: `The request body did not arrive within ${Math.round(config.bodyTimeoutMillis / 1000)} seconds.`,
+            }),
+          ),
+        )
+      },
+      startedAt,
+    )
+    req.on("data", onData)
+    req.on("end", onEnd)
+    return Effect.sync(cleanup)
+  })
+
+export const parseJson = (buffer: Buffer) =>
+  Effect.try({
+    try: () => JSON.parse(buffer.toString("utf8")) as unknown,
+    catch: () => new InvalidRequest({ message: "The request body is not valid JSON.", param: null }),
+  })
