@@ -5,9 +5,7 @@
  * admin API's error envelope and fail the effect, so the process exits 1.
  */
 import { parseArgs } from "node:util"
-import type { SqlClient } from "@effect/sql"
 import { Admin, BillingAdmin } from "@swarmgate/admin"
-import type { ApiKeys, Repository } from "@swarmgate/auth"
 import { InvalidRequest } from "@swarmgate/protocol"
 import { Data, Effect } from "effect"
 
@@ -23,9 +21,17 @@ export const usage = `Usage: swarmgate <command> [options]     (DATABASE_URL, de
   accounts create --name N [--balance-usd X] [--monthly-spend-limit-usd X] [limits]
   accounts get ID
   accounts list
-  accounts update ID [--status active|suspended|restricted] [--payment-hold true|false]
+  accounts update ID [--status active|suspended|restricted] [--payment-hold true|false] [--email ADDRESS]
                      [--monthly-spend-limit-usd X|none] [limits]
   accounts credit ID --amount-usd X
+  accounts close ID        new requests refused at once; closed (keys revoked, statement mailed) once
+                           nothing runs: a running server finishes it
+  accounts statement ID
+  applications list [--status pending_verification|pending_review|approved|rejected]
+  applications get ID
+  applications approve ID [--balance-usd X] [--monthly-spend-limit-usd X] [limits]
+  applications reject ID --reason TEXT
+  outbox                   mail kept while no SWARMGATE_SMTP_URL is set (newest first)
   keys create --account ID [--name N] [--spend-limit-usd X] [--expires-at ISO-8601|unix-seconds]
   keys get ID
   keys list --account ID
@@ -40,7 +46,7 @@ export const usage = `Usage: swarmgate <command> [options]     (DATABASE_URL, de
 Output is JSON on stdout; errors are JSON on stderr with exit status 1.
 A running server sees changes made here within its key-cache TTL (1 s by default).`
 
-type Services = Repository.Repository | ApiKeys.ApiKeys | SqlClient.SqlClient
+type Services = Admin.AdminServices
 type Flags = Record<string, string | boolean | undefined>
 type Options = Record<string, { readonly type: "string" }>
 
@@ -142,7 +148,7 @@ const accounts: Record<string, Command> = {
     Effect.flatMap(
       parse(
         args,
-        { ...stringFlags("status", "payment-hold", "monthly-spend-limit-usd"), ...limitOptions },
+        { ...stringFlags("status", "payment-hold", "monthly-spend-limit-usd", "email"), ...limitOptions },
         1,
       ),
       ({ flags, positionals }) =>
@@ -150,6 +156,7 @@ const accounts: Record<string, Command> = {
           positionals[0]!,
           body([
             ["status", flags.status],
+            ["email", flags.email],
             ["payment_hold", jsonValue(flags["payment-hold"])],
             ["monthly_spend_limit_usd", jsonValue(flags["monthly-spend-limit-usd"])],
             ["limits", limitsBody(flags)],
@@ -160,6 +167,38 @@ const accounts: Record<string, Command> = {
     Effect.flatMap(parse(args, stringFlags("amount-usd"), 1), ({ flags, positionals }) =>
       Effect.flatMap(required(flags, "amount-usd"), (amount) =>
         Admin.creditAccount(positionals[0]!, { amount_usd: jsonValue(amount) }),
+      ),
+    ),
+  close: (args) =>
+    Effect.flatMap(parse(args, {}, 1), ({ positionals }) => Admin.closeAccount(positionals[0]!)),
+  statement: (args) =>
+    Effect.flatMap(parse(args, {}, 1), ({ positionals }) => Admin.accountStatement(positionals[0]!)),
+}
+
+const applications: Record<string, Command> = {
+  list: (args) =>
+    Effect.flatMap(parse(args, stringFlags("status"), 0), ({ flags }) =>
+      Admin.listApplications(typeof flags.status === "string" ? flags.status : null),
+    ),
+  get: (args) =>
+    Effect.flatMap(parse(args, {}, 1), ({ positionals }) => Admin.getApplication(positionals[0]!)),
+  approve: (args) =>
+    Effect.flatMap(
+      parse(args, { ...stringFlags("balance-usd", "monthly-spend-limit-usd"), ...limitOptions }, 1),
+      ({ flags, positionals }) =>
+        Admin.approveApplication(
+          positionals[0]!,
+          body([
+            ["balance_usd", jsonValue(flags["balance-usd"])],
+            ["monthly_spend_limit_usd", jsonValue(flags["monthly-spend-limit-usd"])],
+            ["limits", limitsBody(flags)],
+          ]),
+        ),
+    ),
+  reject: (args) =>
+    Effect.flatMap(parse(args, stringFlags("reason"), 1), ({ flags, positionals }) =>
+      Effect.flatMap(required(flags, "reason"), (reason) =>
+        Admin.rejectApplication(positionals[0]!, { reason }),
       ),
     ),
 }
@@ -220,7 +259,15 @@ const command = (
   const [group, action, ...rest] = argv
   if (isHelp(group)) return "help"
   if (group === "usage") return usageCommand(argv.slice(1))
-  const table = group === "accounts" ? accounts : group === "keys" ? keys : undefined
+  if (group === "outbox") return Effect.flatMap(parse(argv.slice(1), {}, 0), () => Admin.listOutbox())
+  const table =
+    group === "accounts"
+      ? accounts
+      : group === "keys"
+        ? keys
+        : group === "applications"
+          ? applications
+          : undefined
   if (table === undefined) return Effect.fail(invalid(`Unknown command '${group}'. Run 'swarmgate help'.`))
   if (isHelp(action)) return "help"
   const run = Object.hasOwn(table, action!) ? table[action!] : undefined

@@ -4,7 +4,7 @@
  * `REDIS_URL`, everything instances must agree on moves to Redis: limits,
  * the billing book, key invalidation and node registrations.
  */
-import { AdminHttp } from "@swarmgate/admin"
+import { AdminConfig, AdminHttp, Mail } from "@swarmgate/admin"
 import { ApiKeys, InvalidationBus, Repository } from "@swarmgate/auth"
 import { Billing, RedisBilling } from "@swarmgate/billing"
 import { type Dispatcher, Presets } from "@swarmgate/dispatch"
@@ -91,8 +91,19 @@ const ServicesLive = Layer.mergeAll(
   OpsLive,
 )
 
-/** Everything the server runs on, with the admin API (`@swarmgate/admin`) on the routes outside /v1. */
+/** Links in mail, SMTP, the bound on applications: from the environment (`http://HOST:PORT` by default). */
+export const AdminConfigLive = Layer.unwrapEffect(
+  Effect.map(serverConfig, (config) => AdminConfig.layerFromEnv(`http://${config.host}:${config.port}`)),
+)
+
+/** What the CLI runs on: accounts and keys, and mail (SMTP or the outbox) for what it decides. */
+export const CliLive = Mail.layer.pipe(Layer.provideMerge(Layer.merge(AuthLive, AdminConfigLive)))
+
+/**
+ * Everything the server runs on, with the admin API, the application pages
+ * and the console (`@swarmgate/admin`) on the routes outside /v1.
+ */
 export const GatewayLive: Layer.Layer<
-  Layer.Layer.Success<typeof ServicesLive> | SideRoutes.SideRoutes,
-  Layer.Layer.Error<typeof ServicesLive>
-> = AdminHttp.layer.pipe(Layer.provideMerge(ServicesLive))
+  Layer.Layer.Success<typeof ServicesLive> | SideRoutes.SideRoutes | AdminConfig.AdminConfig,
+  Layer.Layer.Error<typeof ServicesLive> | ConfigError.ConfigError
+> = AdminHttp.layer.pipe(Layer.provideMerge(Layer.merge(ServicesLive, AdminConfigLive)))

@@ -1,8 +1,9 @@
 import { NodeRuntime } from "@effect/platform-node"
+import { AdminConfig } from "@swarmgate/admin"
 import { HttpServer } from "@swarmgate/gateway"
 import { Effect, Layer, Logger, LogLevel } from "effect"
 import { runCli } from "./Cli"
-import { AuthLive, GatewayLive } from "./Layers"
+import { CliLive, GatewayLive } from "./Layers"
 import { serverConfig } from "./ServerConfig"
 
 // Accepts Effect's level names and the common synonyms (warning, none).
@@ -18,6 +19,8 @@ const serve = Effect.gen(function* () {
     host: config.host,
     drainMillis: config.drainMillis,
   })
+  // Links in mail point here unless SWARMGATE_PUBLIC_URL says otherwise (the port may have been 0).
+  ;(yield* AdminConfig.AdminConfig).listening(host, port)
   yield* Effect.logInfo(`swarmgate listening on http://${host}:${port}`)
   // Machine-readable for tests and scripts that start the server on port 0.
   console.log(JSON.stringify({ event: "listening", host, port }))
@@ -27,7 +30,7 @@ const serve = Effect.gen(function* () {
 const [command = "serve", ...rest] = process.argv.slice(2)
 
 const program =
-  command === "serve" ? serve : runCli([command, ...rest]).pipe(Effect.provide(AuthLive), Effect.asVoid)
+  command === "serve" ? serve : runCli([command, ...rest]).pipe(Effect.provide(CliLive), Effect.asVoid)
 
 // The server logs JSON lines (request lines are JSON too: see RequestLog.ts); the CLI keeps the pretty logger.
 NodeRuntime.runMain(

@@ -1,5 +1,5 @@
-import type { SqlClient } from "@effect/sql"
 import { afterEach, beforeEach, describe, expect, it } from "@effect/vitest"
+import { AdminConfig, Mail } from "@swarmgate/admin"
 import { ApiKeys, Repository } from "@swarmgate/auth"
 import { Database } from "@swarmgate/store"
 import { Effect, Either, Exit, Layer, TestClock } from "effect"
@@ -8,14 +8,15 @@ import { runCli } from "../src/Cli"
 
 const NOW = Date.UTC(2026, 10, 15, 12, 0, 0)
 
-const TestLayer = ApiKeys.layer().pipe(
+const TestLayer = Mail.layer.pipe(
+  Layer.provideMerge(AdminConfig.layer(AdminConfig.defaults("http://swarmgate.test"))),
+  Layer.provideMerge(ApiKeys.layer()),
   Layer.provideMerge(Repository.layer),
   Layer.provideMerge(Database.layer("sqlite::memory:")),
 )
 
-const run = <A, E>(
-  effect: Effect.Effect<A, E, Repository.Repository | ApiKeys.ApiKeys | SqlClient.SqlClient>,
-) => Effect.provide(Effect.zipRight(TestClock.setTime(NOW), effect), TestLayer)
+const run = <A, E>(effect: Effect.Effect<A, E, Layer.Layer.Success<typeof TestLayer>>) =>
+  Effect.provide(Effect.zipRight(TestClock.setTime(NOW), effect), TestLayer)
 
 let log: MockInstance<typeof console.log>
 let error: MockInstance<typeof console.error>
@@ -82,7 +83,10 @@ describe("swarmgate CLI", () => {
           spent_month_usd: 0,
           monthly_spend_limit_usd: 100,
           limits: { concurrency: 4, queue: null, rpm: 60, rph: null, daily: null, weekly: null },
+          email: null,
+          email_verified: true,
           created: NOW / 1000,
+          closed_at: null,
         })
         expect(yield* cli("accounts", "get", account.id)).toEqual(account)
         expect(yield* cli("accounts", "list")).toEqual({ data: [account] })

@@ -20,7 +20,7 @@ import { AdminHttp } from "@swarmgate/admin"
 import { ApiKeys, KeyFormat, Repository } from "@swarmgate/auth"
 import { GatewayConfig, HttpServer } from "@swarmgate/gateway"
 import { ConfigProvider, Effect, Exit, Layer, Logger, LogLevel, ManagedRuntime, Scope } from "effect"
-import { BillingLive, LimitsLive, OpsLive, StoreLive, SwarmLive } from "../src/Layers"
+import { AdminConfigLive, BillingLive, LimitsLive, OpsLive, StoreLive, SwarmLive } from "../src/Layers"
 import { rawExchange } from "./support/RawHttp"
 
 const ADMIN = "in-process-admin-token"
@@ -129,7 +129,15 @@ beforeAll(async () => {
   const auth = ApiKeys.layer().pipe(Layer.provide(counted), Layer.provideMerge(StoreLive))
   const gateway = AdminHttp.layer.pipe(
     Layer.provideMerge(
-      Layer.mergeAll(auth, SwarmLive, GatewayConfig.layerFromEnv, BillingLive, LimitsLive, OpsLive),
+      Layer.mergeAll(
+        auth,
+        SwarmLive,
+        GatewayConfig.layerFromEnv,
+        BillingLive,
+        LimitsLive,
+        OpsLive,
+        AdminConfigLive,
+      ),
     ),
   )
   const runtime = ManagedRuntime.make(

@@ -9,19 +9,32 @@ import { SqlClient } from "@effect/sql"
 import {
   type Account,
   AccountLimits,
-  AccountStatus,
   type ApiKey,
   ApiKeys,
   keyState,
   microsToUsd,
   Repository,
+  SettableAccountStatus,
   usdToMicros,
 } from "@swarmgate/auth"
 import { Limits } from "@swarmgate/gateway"
-import { AdmissionUnavailable, type ErrorType, InvalidRequest } from "@swarmgate/protocol"
+import { InvalidRequest } from "@swarmgate/protocol"
 import { Database } from "@swarmgate/store"
 import { Clock, Effect, Either, ParseResult, Schema } from "effect"
+import * as AccountLifecycle from "./AccountLifecycle"
+import type * as AdminConfig from "./AdminConfig"
+import {
+  AdminConflict,
+  type AdminError,
+  AdminNotFound,
+  type AdminResponse,
+  errorResponse,
+  fromRepository,
+  fromSql,
+} from "./AdminErrors"
+import * as Applications from "./Applications"
 import * as BillingAdmin from "./BillingAdmin"
+import * as Mail from "./Mail"
 
 export interface AdminRequest {
   readonly method: string
@@ -31,62 +44,16 @@ export interface AdminRequest {
   readonly body: unknown
 }
 
-export interface AdminResponse {
-  readonly status: number
-  /** Serialised as JSON by the server; undefined means an empty body. */
-  readonly body: unknown
-}
+export type AdminServices =
+  | Repository.Repository
+  | ApiKeys.ApiKeys
+  | SqlClient.SqlClient
+  | Mail.Mailer
+  | AdminConfig.AdminConfig
 
-export type AdminServices = Repository.Repository | ApiKeys.ApiKeys | SqlClient.SqlClient
-
-// --- errors ------------------------------------------------------------------
-
-/** An account or key that does not exist; admin-only, so not part of the §7.2 catalogue. */
-export class AdminNotFound extends Schema.TaggedError<AdminNotFound>()("AdminNotFound", {
-  message: Schema.String,
-}) {
-  get status() {
-    return 404
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "not_found"
-  }
-  get param() {
-    return null
-  }
-}
-
-export type AdminError = InvalidRequest | AdminNotFound | AdmissionUnavailable
-
-export const errorBody = (error: AdminError) => ({
-  error: { message: error.message, type: error.type, code: error.code, param: error.param },
-})
-
-export const errorResponse = (error: AdminError): AdminResponse => ({
-  status: error.status,
-  body: errorBody(error),
-})
-
-const storeUnavailable = new AdmissionUnavailable({
-  message: "The account store is unavailable; try again shortly.",
-  retryAfterSeconds: 1,
-})
+export * from "./AdminErrors"
 
 type Admin<A> = Effect.Effect<A, AdminError, AdminServices>
-
-const fromRepository = <A, R>(
-  effect: Effect.Effect<A, Repository.NotFound | Repository.RepositoryUnavailable, R>,
-): Effect.Effect<A, AdminNotFound | AdmissionUnavailable, R> =>
-  Effect.catchTags(effect, {
-    NotFound: (e) => Effect.fail(new AdminNotFound({ message: `No ${e.entity} with id '${e.id}'.` })),
-    RepositoryUnavailable: () => Effect.fail(storeUnavailable),
-  })
-
-const fromSql = <A, R>(effect: Effect.Effect<A, unknown, R>): Effect.Effect<A, AdmissionUnavailable, R> =>
-  Effect.catchAll(effect, () => Effect.fail(storeUnavailable))
 
 // --- input schemas (snake_case, as on the wire) --------------------------------
 
@@ -139,13 +106,20 @@ export const CreateAccountInput = Schema.Struct({
 })
 
 export const UpdateAccountInput = Schema.Struct({
-  status: Schema.optional(AccountStatus),
+  status: Schema.optional(SettableAccountStatus),
+  email: Schema.optional(Applications.Email),
   payment_hold: Schema.optional(Schema.Boolean),
   monthly_spend_limit_usd: Schema.optional(Schema.NullOr(Usd)),
   limits: Schema.optional(AccountLimits),
 })
 
 export const CreditInput = Schema.Struct({ amount_usd: PositiveUsd })
+
+export const ApproveInput = Schema.Struct({
+  balance_usd: Schema.optional(Usd),
+  monthly_spend_limit_usd: Schema.optional(Schema.NullOr(Usd)),
+  limits: Schema.optional(AccountLimits),
+})
 
 export const CreateKeyInput = Schema.Struct({
   name: Schema.optional(Schema.NullOr(Name)),
@@ -228,7 +202,10 @@ export const accountView = (
   monthly_spend_limit_usd:
     account.monthlySpendLimitMicros === null ? null : microsToUsd(account.monthlySpendLimitMicros),
   limits: limitsView(account.limits),
+  email: account.email,
+  email_verified: account.emailVerified,
   created: unixSeconds(account.createdAt),
+  closed_at: account.closedAt === null ? null : unixSeconds(account.closedAt),
 })
 export type AccountView = ReturnType<typeof accountView>
 
@@ -395,6 +372,13 @@ export const updateAccount = (id: string, body: unknown): Admin<AccountView> =>
     const input = yield* decodeBody(UpdateAccountInput, body)
     const repo = yield* repository
     const current = yield* fromRepository(repo.getAccount(id))
+    if (AccountLifecycle.isFinal(current)) return yield* Effect.fail(AccountLifecycle.closedConflict(current))
+    if (current.status === "closing" && input.status !== undefined)
+      return yield* Effect.fail(
+        new AdminConflict({ message: `Account '${id}' is being closed; its status cannot be changed.` }),
+      )
+    if (input.email !== undefined && input.email !== current.email)
+      yield* AccountLifecycle.changeEmail(current, input.email)
     const account = yield* fromRepository(
       repo.updateAccount(id, {
         status: input.status,
@@ -412,6 +396,8 @@ export const creditAccount = (id: string, body: unknown): Admin<AccountView> =>
   Effect.gen(function* () {
     const input = yield* decodeBody(CreditInput, body)
     const repo = yield* repository
+    const current = yield* fromRepository(repo.getAccount(id))
+    if (AccountLifecycle.isFinal(current)) return yield* Effect.fail(AccountLifecycle.closedConflict(current))
     const account = yield* fromRepository(repo.addCredit(id, usdToMicros(input.amount_usd)))
     // Cached principals carry the balance; the next request must see the credit.
     yield* (yield* apiKeys).invalidateAccount(id)
@@ -423,6 +409,11 @@ export const createKey = (accountId: string, body: unknown): Admin<CreatedKeyVie
   Effect.gen(function* () {
     const input = yield* decodeBody(CreateKeyInput, body)
     const repo = yield* repository
+    const account = yield* fromRepository(repo.getAccount(accountId))
+    if (account.status === "closing" || account.status === "closed")
+      return yield* Effect.fail(
+        new AdminConflict({ message: `Account '${accountId}' is ${account.status}; it gets no new keys.` }),
+      )
     const created = yield* fromRepository(
       repo.createKey(accountId, {
         name: input.name,
@@ -493,6 +484,40 @@ export const listPrices = (): Admin<unknown> =>
       : Effect.succeed(prices),
   )
 
+export const closeAccount = (id: string): Admin<AccountView> =>
+  Effect.flatMap(AccountLifecycle.close(id), presentAccount)
+
+export const accountStatement = (id: string): Admin<AccountLifecycle.Statement> =>
+  AccountLifecycle.statement(id)
+
+export const listApplications = (status: string | null): Admin<unknown> =>
+  Applications.list(status).pipe(
+    Effect.catchTag("AdminNotFound", (e) =>
+      Effect.fail(new InvalidRequest({ message: e.message, param: "status" })),
+    ),
+  )
+
+export const getApplication = (id: string): Admin<Applications.ApplicationView> => Applications.get(id)
+
+export const approveApplication = (id: string, body: unknown): Admin<Applications.ApplicationView> =>
+  Effect.gen(function* () {
+    const input = yield* decodeBody(ApproveInput, body)
+    return yield* Applications.approve(id, {
+      balanceMicros: input.balance_usd === undefined ? undefined : usdToMicros(input.balance_usd),
+      monthlySpendLimitMicros: optionalMicros(input.monthly_spend_limit_usd),
+      limits: input.limits === undefined ? undefined : compactLimits(input.limits),
+    })
+  })
+
+export const rejectApplication = (id: string, body: unknown): Admin<Applications.ApplicationView> =>
+  Effect.flatMap(decodeBody(Applications.RejectInput, body), (input) => Applications.reject(id, input.reason))
+
+/** Mail kept while no SMTP server is configured (newest first, the last 200). */
+export const listOutbox = (): Admin<unknown> =>
+  Effect.flatMap(Mail.Mailer, (mailer) => fromSql(mailer.outbox)).pipe(
+    Effect.map((data) => ({ object: "list" as const, data })),
+  )
+
 // --- routing -----------------------------------------------------------------------
 
 const USAGE_QUERY_FIELDS = ["account_id", "key_id", "limit"] as const
@@ -521,8 +546,18 @@ const route = (segments: ReadonlyArray<string>): Handlers | undefined => {
     if (action === undefined) return { GET: () => getAccount(id), PATCH: (r) => updateAccount(id, r.body) }
     if (action === "credits") return { POST: (r) => creditAccount(id, r.body) }
     if (action === "keys") return { GET: () => listKeys(id), POST: (r) => createKey(id, r.body) }
+    if (action === "close") return { POST: () => closeAccount(id) }
+    if (action === "statement") return { GET: () => accountStatement(id) }
     return undefined
   }
+  if (collection === "applications") {
+    if (id === undefined) return { GET: (r) => listApplications(r.query.get("status")) }
+    if (action === undefined) return { GET: () => getApplication(id) }
+    if (action === "approve") return { POST: (r) => approveApplication(id, r.body) }
+    if (action === "reject") return { POST: (r) => rejectApplication(id, r.body) }
+    return undefined
+  }
+  if (collection === "outbox" && id === undefined) return { GET: () => listOutbox() }
   if (collection === "keys" && id !== undefined) {
     if (action === undefined) return { GET: () => getKey(id), PATCH: (r) => updateKey(id, r.body) }
     if (action === "revoke") return { POST: () => revokeKey(id) }

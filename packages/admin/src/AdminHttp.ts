@@ -8,13 +8,21 @@ import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Dispatcher } from "@swarmgate/dispatch"
 import { GatewayConfig, HttpIo, SideRoutes } from "@swarmgate/gateway"
 import { Effect, Layer, Option, Redacted } from "effect"
+import * as AccountLifecycle from "./AccountLifecycle"
 import { type AdminServices, handleAdmin } from "./Admin"
 import * as AdminNodes from "./AdminNodes"
+import * as Mail from "./Mail"
+import * as PublicPages from "./PublicPages"
 
 export const ADMIN_PREFIX = "/admin/v1/"
 
 /** What the admin surface needs from the server's services (billing and limits are used when present). */
 export type AdminHttpServices = AdminServices | Dispatcher.Dispatcher | GatewayConfig.GatewayConfig
+
+/** What the server provides; the mailer is made here. */
+export type AdminHttpRequirements =
+  | Exclude<AdminHttpServices, Mail.Mailer>
+  | Layer.Layer.Context<typeof Mail.layer>
 
 export const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
   const header = req.headers.authorization ?? ""
@@ -74,22 +82,33 @@ const segmentsOf = (path: string) =>
     .filter((s) => s.length > 0)
     .map(decodeURIComponent)
 
-/** The admin routes over the services in context (captured once, when the layer is built). */
+const allowed = (methods: ReadonlyArray<string>, method: string): SideRoutes.Route | undefined =>
+  methods.includes(method) || (method === "HEAD" && methods.includes("GET"))
+    ? undefined
+    : { _tag: "Empty", status: 405, allow: methods.join(", ") }
+
+/** The admin API, the application pages and the console over the services in context (captured once). */
 export const make = Effect.map(
   Effect.context<AdminHttpServices>(),
   (context): SideRoutes.SideRoutesShape => ({
-    route: (req, res, path, startedAt) =>
-      path.startsWith(ADMIN_PREFIX)
-        ? {
-            _tag: "Run",
-            effect: Effect.provide(admin(req, res, segmentsOf(path), startedAt), context),
-          }
-        : undefined,
-    serves: (_method, path) => path.startsWith("/admin/"),
+    route: (req, res, path, startedAt) => {
+      const run = (effect: Effect.Effect<unknown, unknown, AdminHttpServices>): SideRoutes.Route => ({
+        _tag: "Run",
+        effect: Effect.provide(effect, context),
+      })
+      if (path.startsWith(ADMIN_PREFIX)) return run(admin(req, res, segmentsOf(path), startedAt))
+      const methods = PublicPages.PUBLIC_PATHS[path]
+      if (methods !== undefined)
+        return allowed(methods, req.method ?? "GET") ?? run(PublicPages.handle(req, res, path, startedAt))
+      return undefined
+    },
+    serves: (method, path) =>
+      path.startsWith("/admin/") || (PublicPages.PUBLIC_PATHS[path]?.includes(method) ?? false),
   }),
 )
 
-export const layer: Layer.Layer<SideRoutes.SideRoutes, never, AdminHttpServices> = Layer.effect(
-  SideRoutes.SideRoutes,
-  make,
-)
+/** The routes, with the closer of closing accounts running beside them and the mailer they share. */
+export const layer: Layer.Layer<SideRoutes.SideRoutes, never, AdminHttpRequirements> = Layer.merge(
+  Layer.effect(SideRoutes.SideRoutes, make),
+  AccountLifecycle.closerLayer,
+).pipe(Layer.provide(Mail.layer))

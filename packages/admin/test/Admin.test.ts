@@ -4,18 +4,22 @@ import { ApiKeys, Repository } from "@swarmgate/auth"
 import { Database } from "@swarmgate/store"
 import { Effect, Either, Layer, TestClock } from "effect"
 import { type AdminResponse, handleAdmin } from "../src/Admin"
+import * as AdminLayers from "./support/AdminLayers"
 
 const NOW = Date.UTC(2026, 10, 15, 12, 0, 0)
 
-const TestLayer = ApiKeys.layer().pipe(
-  Layer.provideMerge(Repository.layer),
-  Layer.provideMerge(Database.layer("sqlite::memory:")),
+const TestLayer = AdminLayers.outboxLayer().pipe(
+  Layer.provideMerge(
+    ApiKeys.layer().pipe(
+      Layer.provideMerge(Repository.layer),
+      Layer.provideMerge(Database.layer("sqlite::memory:")),
+    ),
+  ),
 )
 
 /** A fresh database per test, with the clock set to mid-November 2026. */
-const run = <A, E>(
-  effect: Effect.Effect<A, E, Repository.Repository | ApiKeys.ApiKeys | SqlClient.SqlClient>,
-) => Effect.provide(Effect.zipRight(TestClock.setTime(NOW), effect), TestLayer)
+const run = <A, E>(effect: Effect.Effect<A, E, Layer.Layer.Success<typeof TestLayer>>) =>
+  Effect.provide(Effect.zipRight(TestClock.setTime(NOW), effect), TestLayer)
 
 const call = (method: string, path: string, body?: unknown) => {
   const [pathname, search] = path.split("?")
@@ -103,7 +107,10 @@ describe("Admin accounts", () => {
           spent_month_usd: 0,
           monthly_spend_limit_usd: 100,
           limits: { concurrency: 4, queue: null, rpm: 60, rph: null, daily: null, weekly: null },
+          email: null,
+          email_verified: true,
           created: NOW / 1000,
+          closed_at: null,
         })
 
         const fetched = yield* call("GET", `accounts/${account.id}`)
@@ -527,8 +534,8 @@ describe("Admin routing", () => {
           listAccounts: () => Effect.fail(new Repository.RepositoryUnavailable({ cause: "disk on fire" })),
         })),
       )
-      const layer = ApiKeys.layer().pipe(
-        Layer.provideMerge(failing),
+      const layer = AdminLayers.outboxLayer().pipe(
+        Layer.provideMerge(ApiKeys.layer().pipe(Layer.provideMerge(failing))),
         Layer.provideMerge(Database.layer("sqlite::memory:")),
       )
       const response = yield* Effect.provide(call("GET", "accounts"), layer)

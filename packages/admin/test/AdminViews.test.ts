@@ -11,6 +11,7 @@ import { Limits } from "@swarmgate/gateway"
 import { Database } from "@swarmgate/store"
 import { Effect, Either, Exit, Layer, Scope, TestClock } from "effect"
 import { type AdminResponse, getAccount, handleAdmin } from "../src/Admin"
+import * as AdminLayers from "./support/AdminLayers"
 
 const NOW = Date.UTC(2026, 10, 15, 12, 0, 0)
 const PRESETS = Presets.defaultPresets()
@@ -21,17 +22,13 @@ const StoreLayer = ApiKeys.layer().pipe(
   Layer.provideMerge(Repository.layer),
   Layer.provideMerge(Database.layer("sqlite::memory:")),
 )
-const AdminLayer = StoreLayer
+const AdminLayer = AdminLayers.outboxLayer().pipe(Layer.provideMerge(StoreLayer))
 const BillingLayer = BillingService.layer({ prices: PRICES, shutdownWaitMillis: 0 })
-const TestLayer = Layer.provideMerge(BillingLayer, StoreLayer)
+const TestLayer = Layer.provideMerge(BillingLayer, AdminLayer)
 const DispatcherNoNodes = Layer.sync(Dispatcher.Dispatcher, () => Dispatcher.make(PRESETS, []))
 
 const run = <A, E>(
-  effect: Effect.Effect<
-    A,
-    E,
-    BillingService.Billing | Repository.Repository | ApiKeys.ApiKeys | Layer.Layer.Success<typeof StoreLayer>
-  >,
+  effect: Effect.Effect<A, E, BillingService.Billing | Layer.Layer.Success<typeof AdminLayer>>,
 ) =>
   // The clock is set before the service starts: its sweeper would otherwise wake for every interval since 1970.
   Effect.zipRight(TestClock.setTime(NOW), Effect.provide(effect, TestLayer))
@@ -101,7 +98,7 @@ describe("admin views with billing", () => {
         const account = json(yield* call("POST", "accounts", { name: "A", balance_usd: 2 }))
         expect(account).toMatchObject({ balance_usd: 2, held_usd: 0, spent_month_usd: 0 })
       }),
-      StoreLayer,
+      AdminLayer,
     ),
   )
 })

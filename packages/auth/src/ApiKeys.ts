@@ -28,8 +28,13 @@ export const defaultOptions: ApiKeysOptions = {
 export type AuthError = InvalidApiKey | AccountSuspended | AccountRestricted
 
 export interface ApiKeysShape {
+  /**
+   * `running`: the check of a request already under way (after a change to
+   * its key or account), which a closing account lets finish.
+   */
   readonly authenticate: (
     authorization: string | undefined,
+    running?: boolean,
   ) => Effect.Effect<Principal, AuthError | RepositoryUnavailable>
   /** Forget a key (by id) or every key of an account, after a change to them. */
   readonly invalidateKey: (keyId: string) => Effect.Effect<void>
@@ -105,21 +110,38 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       )
     }
 
-    const check = (principal: Principal | undefined, now: number): Effect.Effect<Principal, AuthError> => {
+    const check = (
+      principal: Principal | undefined,
+      now: number,
+      running: boolean,
+    ): Effect.Effect<Principal, AuthError> => {
       if (principal === undefined) return Effect.fail(unknown)
       const state = keyState(principal.key, now)
       if (state !== "active") return Effect.fail(invalidKey(`the key is ${state}`))
       switch (principal.account.status) {
         case "active":
-          return Effect.succeed(principal)
+          // A running request outlives an address change; new ones wait for the verification.
+          return principal.account.emailVerified || running
+            ? Effect.succeed(principal)
+            : Effect.fail(
+                new AccountRestricted({
+                  message:
+                    "This account is restricted: its email address is not verified yet. Follow the link in the verification mail.",
+                }),
+              )
         case "suspended":
           return Effect.fail(new AccountSuspended({ message: "This account is suspended." }))
         case "restricted":
           return Effect.fail(
-            new AccountRestricted({
-              message: "This account is restricted: its email is not verified or it is being closed.",
-            }),
+            new AccountRestricted({ message: "This account is restricted by its operator." }),
           )
+        case "closing":
+          return running
+            ? Effect.succeed(principal)
+            : Effect.fail(new AccountRestricted({ message: "This account is being closed." }))
+        case "closed":
+          // Closing revokes every key; this covers a key read before that.
+          return Effect.fail(invalidKey("the account is closed"))
       }
     }
 
@@ -153,12 +175,12 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       })
 
     const service: ApiKeysShape = {
-      authenticate: (authorization) => {
+      authenticate: (authorization, running = false) => {
         const key = parseBearer(authorization)
         if (key === undefined) return Effect.fail(missing)
         if (!isWellFormed(key)) return Effect.fail(malformed)
         return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-          Effect.flatMap(lookup(hashKey(key), now), (principal) => check(principal, now)),
+          Effect.flatMap(lookup(hashKey(key), now), (principal) => check(principal, now, running)),
         )
       },
       invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, `k:${keyId}`),

@@ -9,8 +9,15 @@ export type AccountId = typeof AccountId.Type
 export const KeyId = Schema.String.pipe(Schema.brand("KeyId"))
 export type KeyId = typeof KeyId.Type
 
-export const AccountStatus = Schema.Literal("active", "suspended", "restricted")
+/**
+ * `closing`: new requests are refused while running ones finish; then `closed`
+ * (final: every key revoked, statement sent).
+ */
+export const AccountStatus = Schema.Literal("active", "suspended", "restricted", "closing", "closed")
 export type AccountStatus = typeof AccountStatus.Type
+
+/** The statuses an operator sets directly; closing goes through the close operation. */
+export const SettableAccountStatus = Schema.Literal("active", "suspended", "restricted")
 
 /** Per-account limits; an absent field means "use the configured default". */
 export const AccountLimits = Schema.Struct({
@@ -32,6 +39,11 @@ export interface Account {
   readonly monthlySpendLimitMicros: number | null
   readonly limits: AccountLimits
   readonly createdAt: number
+  /** Where mail for the account goes; null for accounts made without one. */
+  readonly email: string | null
+  /** False after an address change until its link is followed: the keys get 403 account_restricted. */
+  readonly emailVerified: boolean
+  readonly closedAt: number | null
 }
 
 export type KeyState = "active" | "disabled" | "revoked" | "expired"

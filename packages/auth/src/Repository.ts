@@ -29,6 +29,9 @@ interface AccountRow {
   readonly monthly_spend_limit_micros: number | string | null
   readonly limits: string
   readonly created_at: number | string
+  readonly email: string | null
+  readonly email_verified: number | boolean
+  readonly closed_at: number | string | null
 }
 
 interface KeyRow {
@@ -54,6 +57,9 @@ const toAccount = (row: AccountRow): Account => ({
   monthlySpendLimitMicros: nullableNumber(row.monthly_spend_limit_micros),
   limits: JSON.parse(row.limits) as AccountLimits,
   createdAt: toNumber(row.created_at),
+  email: row.email,
+  emailVerified: Boolean(toNumber(row.email_verified)),
+  closedAt: nullableNumber(row.closed_at),
 })
 
 const toKey = (row: KeyRow): ApiKey => ({
@@ -74,10 +80,14 @@ export interface NewAccount {
   readonly monthlySpendLimitMicros?: number | null | undefined
   readonly limits?: AccountLimits | undefined
   readonly status?: AccountStatus | undefined
+  readonly email?: string | null | undefined
+  readonly emailVerified?: boolean | undefined
 }
 
 export interface AccountPatch {
   readonly status?: AccountStatus | undefined
+  readonly email?: string | undefined
+  readonly emailVerified?: boolean | undefined
   readonly paymentHold?: boolean | undefined
   readonly monthlySpendLimitMicros?: number | null | undefined
   readonly limits?: AccountLimits | undefined
@@ -113,6 +123,8 @@ export interface RepositoryShape {
   readonly listKeys: (accountId: string) => Fx<ReadonlyArray<ApiKey>>
   readonly updateKey: (id: string, patch: KeyPatch) => Fx<ApiKey, NotFound>
   readonly revokeKey: (id: string) => Fx<ApiKey, NotFound>
+  /** Revokes every key of the account not revoked yet (closing an account). */
+  readonly revokeKeysOf: (accountId: string) => Fx<void>
   /** The key with this hash and its account, if any. */
   readonly findByHash: (hash: string) => Fx<Option.Option<{ key: ApiKey; account: Account }>>
 }
@@ -158,6 +170,8 @@ export const make = Effect.gen(function* () {
               balance_micros: balance,
               monthly_spend_limit_micros: input.monthlySpendLimitMicros ?? null,
               limits: JSON.stringify(input.limits ?? {}),
+              email: input.email ?? null,
+              email_verified: input.emailVerified === false ? 0 : 1,
               created_at: now,
               updated_at: now,
             })}`
@@ -191,6 +205,8 @@ export const make = Effect.gen(function* () {
         const now = yield* Clock.currentTimeMillis
         const set: Record<string, unknown> = { updated_at: now }
         if (patch.status !== undefined) set.status = patch.status
+        if (patch.email !== undefined) set.email = patch.email
+        if (patch.emailVerified !== undefined) set.email_verified = patch.emailVerified ? 1 : 0
         if (patch.paymentHold !== undefined) set.payment_hold = patch.paymentHold ? 1 : 0
         if (patch.monthlySpendLimitMicros !== undefined)
           set.monthly_spend_limit_micros = patch.monthlySpendLimitMicros
@@ -271,6 +287,13 @@ export const make = Effect.gen(function* () {
         yield* sql`UPDATE api_keys SET revoked_at = ${now}, updated_at = ${now} WHERE id = ${id} AND revoked_at IS NULL`
         return yield* getKey(id)
       }).pipe(unavailable),
+
+    revokeKeysOf: (accountId) =>
+      Effect.flatMap(
+        Clock.currentTimeMillis,
+        (now) =>
+          sql`UPDATE api_keys SET revoked_at = ${now}, updated_at = ${now} WHERE account_id = ${accountId} AND revoked_at IS NULL`,
+      ).pipe(Effect.asVoid, unavailable),
 
     findByHash: (hash) =>
       Effect.gen(function* () {

@@ -31,6 +31,9 @@ describe("Repository accounts", () => {
           monthlySpendLimitMicros: null,
           limits: {},
           createdAt: 1_000_000,
+          email: null,
+          emailVerified: true,
+          closedAt: null,
         })
         expect(yield* repo.getAccount(account.id)).toEqual(account)
       }),

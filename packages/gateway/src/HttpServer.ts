@@ -150,12 +150,14 @@ const revocation = (req: IncomingMessage, principal: Principal) =>
     ([apiKeys, runtime]) =>
       (revoke: (error: ApiError) => void) =>
         apiKeys.watch(principal.key.id, principal.account.id, () => {
-          Runtime.runFork(runtime)(apiKeys.authenticate(req.headers.authorization)).addObserver((exit) => {
-            if (Exit.isSuccess(exit)) return
-            const failure = Cause.failureOption(exit.cause)
-            // Storage trouble says nothing about the key: the request runs on.
-            if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
-          })
+          Runtime.runFork(runtime)(apiKeys.authenticate(req.headers.authorization, true)).addObserver(
+            (exit) => {
+              if (Exit.isSuccess(exit)) return
+              const failure = Cause.failureOption(exit.cause)
+              // Storage trouble says nothing about the key: the request runs on.
+              if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
+            },
+          )
         }),
   )
 

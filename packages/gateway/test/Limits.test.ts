@@ -16,6 +16,9 @@ const account = (limits: Account["limits"]): Account => ({
   monthlySpendLimitMicros: null,
   limits,
   createdAt: 0,
+  email: null,
+  emailVerified: true,
+  closedAt: null,
 })
 
 const principal = (limits: Account["limits"]) => ({ account: account(limits) }) as unknown as Principal
