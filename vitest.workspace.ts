@@ -10,6 +10,8 @@ export default defineWorkspace([
   {
     test: {
       name: "unit",
+      // Correctness, not speed: a machine busy with other work must not fail a test by the clock.
+      testTimeout: 30_000,
       include: roots.map((root) => `${root}*.test.ts`),
       exclude: [...exclude, "**/*.e2e.test.ts"],
     },
