@@ -346,6 +346,6 @@ export const reject = (id: string, reason: string) =>
     const row = yield* getRow(id)
     if (won.length === 0) return yield* Effect.fail(notPendingReview(row))
     yield* OneTimeLinks.withdraw("apply_verify", id).pipe(fromSql)
-    yield* (yield* Mail.Mailer).send(MailTemplates.rejected(row.name, row.email, reason))
+    yield* (yield* Mail.Mailer).send(MailTemplates.rejected(row.email, row.name, reason))
     return applicationView(row)
   })
