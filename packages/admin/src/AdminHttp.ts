@@ -11,6 +11,7 @@ import { Effect, Layer, Option, Redacted } from "effect"
 import * as AccountLifecycle from "./AccountLifecycle"
 import { type AdminServices, handleAdmin } from "./Admin"
 import * as AdminNodes from "./AdminNodes"
+import * as Console from "./Console"
 import * as Mail from "./Mail"
 import * as PublicPages from "./PublicPages"
 
@@ -97,13 +98,18 @@ export const make = Effect.map(
         effect: Effect.provide(effect, context),
       })
       if (path.startsWith(ADMIN_PREFIX)) return run(admin(req, res, segmentsOf(path), startedAt))
+      if (path === Console.CONSOLE_PREFIX || path.startsWith(`${Console.CONSOLE_PREFIX}/`))
+        return run(Console.handle(req, res, path, startedAt))
       const methods = PublicPages.PUBLIC_PATHS[path]
       if (methods !== undefined)
         return allowed(methods, req.method ?? "GET") ?? run(PublicPages.handle(req, res, path, startedAt))
       return undefined
     },
     serves: (method, path) =>
-      path.startsWith("/admin/") || (PublicPages.PUBLIC_PATHS[path]?.includes(method) ?? false),
+      path.startsWith("/admin/") ||
+      path === Console.CONSOLE_PREFIX ||
+      path.startsWith(`${Console.CONSOLE_PREFIX}/`) ||
+      (PublicPages.PUBLIC_PATHS[path]?.includes(method) ?? false),
   }),
 )
 

@@ -53,7 +53,7 @@ th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .error{color:#b91c1c}.note{background:#eef2ff;border:1px solid #c7d2fe;padding:.6rem;border-radius:4px}
 .secret{font-family:ui-monospace,monospace;background:#fff;border:1px solid #d1d5db;padding:.5rem;word-break:break-all}
 pre{background:#111827;color:#f9fafb;padding:.8rem;overflow:auto;border-radius:4px}
-.inline{display:inline}.row{display:flex;gap:.6rem;flex-wrap:wrap;align-items:end}
+.sr{position:absolute;left:-9999px}.inline{display:inline}.row{display:flex;gap:.6rem;flex-wrap:wrap;align-items:end}
 `
 
 export const page = (title: string, body: Raw, nav?: Raw): string =>
@@ -76,7 +76,7 @@ export const sendHtml = (
     "cache-control": "no-store",
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "content-security-policy":
       "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'",
     ...headers,
