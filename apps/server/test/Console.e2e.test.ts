@@ -185,3 +185,23 @@ describe.skipIf(missing && !required)("the console in Chromium", () => {
     expect(new URL(page.url()).pathname).toBe("/console/login")
   }, 30_000)
 })
+
+describe("the console without SWARMGATE_ADMIN_TOKEN", () => {
+  it("is not there: every /console path is 404, like the admin API", async () => {
+    const server = await startServer({ SWARMGATE_ADMIN_TOKEN: "" })
+    try {
+      for (const [method, path] of [
+        ["GET", "/console"],
+        ["GET", "/console/login"],
+        ["POST", "/console/login"],
+        ["GET", "/console/usage"],
+        ["GET", "/admin/v1/accounts"],
+      ] as const) {
+        const response = await fetch(`${server.baseUrl}${path}`, { method, redirect: "manual" })
+        expect({ path, status: response.status }).toEqual({ path, status: 404 })
+      }
+    } finally {
+      await server.stop()
+    }
+  }, 60_000)
+})

@@ -28,7 +28,7 @@ import {
   usageOf,
 } from "./support/Billing"
 import { nginxBinary, type RunningNginx, startNginx } from "./support/Nginx"
-import { type RunningServer, startServer } from "./support/ServerProcess"
+import { ADMIN_TOKEN, type RunningServer, startServer } from "./support/ServerProcess"
 
 const redisUrl = process.env.TEST_REDIS_URL?.trim() || undefined
 const nginx = nginxBinary()
@@ -471,6 +471,68 @@ describe.skipIf(missing.length > 0 && !required)(
         return views.every((v) => v.status === 404 || v.body.state === "draining")
       }, 1_000)
     }, 15_000)
+
+    it("the applicant's path, the console and closing work through the load balancer (state in PostgreSQL)", async () => {
+      const email = "scaled@example.org"
+      const applied = await fetch(`${lb.baseUrl}/apply`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ name: "Scaled", email, use_case: "Load balancing" }),
+      })
+      expect(applied.status).toBe(202)
+      const { id } = (await applied.json()) as { id: string }
+      // Every instance reads the one outbox; the link is followed through the load balancer.
+      const linkTo = async (gateway: RunningServer, path: string) => {
+        const outbox = await gateway.admin<{ data: Array<{ to: string; text: string }> }>("GET", "/outbox")
+        const url = outbox.body.data
+          .filter((m) => m.to === email)
+          .flatMap((m) => m.text.match(/https?:\/\/\S+/g) ?? [])
+          .find((u) => u.includes(path))
+        if (url === undefined) throw new Error(`no ${path} link`)
+        const parsed = new URL(url)
+        return `${lb.baseUrl}${parsed.pathname}${parsed.search}`
+      }
+      expect((await fetch(await linkTo(gateways[1]!, "/apply/verify"))).status).toBe(200)
+      const approved = await gateways[2]!.admin<{ account_id: string }>(
+        "POST",
+        `/applications/${id}/approve`,
+        {
+          balance_usd: 2,
+        },
+      )
+      expect(approved.status).toBe(200)
+      const claim = await fetch(await linkTo(gateways[0]!, "/apply/claim"))
+      expect(claim.status).toBe(200)
+      const key = /<output id="api-key">([^<]+)<\/output>/.exec(await claim.text())![1]!
+      secrets.push(key)
+      for (const g of [...gateways, lb]) expect((await models(g.baseUrl, key)).status).toBe(200)
+
+      const login = await fetch(`${lb.baseUrl}/console/login`, {
+        method: "POST",
+        redirect: "manual",
+        headers: { "content-type": "application/x-www-form-urlencoded" },
+        body: `token=${encodeURIComponent(ADMIN_TOKEN)}`,
+      })
+      expect(login.status).toBe(303)
+      const cookie = login.headers.get("set-cookie")!.split(";")[0]!
+      // Round robin: the session opens pages on every instance.
+      for (let i = 0; i < 6; i++) {
+        const page = await fetch(`${lb.baseUrl}/console/accounts/${approved.body.account_id}`, {
+          redirect: "manual",
+          headers: { cookie },
+        })
+        expect(page.status).toBe(200)
+      }
+
+      const since = Date.now()
+      expect((await gateways[1]!.admin("POST", `/accounts/${approved.body.account_id}/close`)).status).toBe(
+        200,
+      )
+      // Refused at once everywhere: 403 while closing, 401 once closed (nothing runs, so that is soon).
+      for (const g of [...gateways, lb]) expect([401, 403]).toContain((await models(g.baseUrl, key)).status)
+      await refusedAfter(lb.baseUrl, key, 401, since, 10_000)
+      for (const g of gateways) expect((await models(g.baseUrl, key)).status).toBe(401)
+    })
 
     it("SIGTERM to one instance during 100 open streams loses none, settles each, while the others serve", async () => {
       const { key, accountId } = await issue()

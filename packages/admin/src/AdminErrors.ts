@@ -4,8 +4,8 @@
  * application pages and the console.
  */
 import type { Repository } from "@swarmgate/auth"
-import { AdmissionUnavailable, type ErrorType, type InvalidRequest } from "@swarmgate/protocol"
-import { Effect, Schema } from "effect"
+import { AdmissionUnavailable, type CatalogueRow, type InvalidRequest, wire } from "@swarmgate/protocol"
+import { Effect } from "effect"
 
 export interface AdminResponse {
   readonly status: number
@@ -13,41 +13,18 @@ export interface AdminResponse {
   readonly body: unknown
 }
 
-/** An account or key that does not exist; admin-only, so not part of the §7.2 catalogue. */
-export class AdminNotFound extends Schema.TaggedError<AdminNotFound>()("AdminNotFound", {
-  message: Schema.String,
-}) {
-  get status() {
-    return 404
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "not_found"
-  }
-  get param() {
-    return null
-  }
-}
+/** The admin surfaces' own rows, in the catalogue's form (they are not §7.2 codes). */
+// biome-ignore format: one line per row, like the catalogue
+export const ADMIN_ROWS = {
+  NotFound: { status: 404, type: "invalid_request_error", code: "not_found", retry: "No", message: "Not found." },
+  Conflict: { status: 409, type: "invalid_request_error", code: "conflict", retry: "No", message: "The change conflicts with the current state." },
+} as const satisfies Record<string, CatalogueRow>
 
-/** The thing exists but is in a state that forbids the change (approving a decided application). */
-export class AdminConflict extends Schema.TaggedError<AdminConflict>()("AdminConflict", {
-  message: Schema.String,
-}) {
-  get status() {
-    return 409
-  }
-  get type(): ErrorType {
-    return "invalid_request_error"
-  }
-  get code() {
-    return "conflict"
-  }
-  get param() {
-    return null
-  }
-}
+/** An account, key or application that does not exist. */
+export class AdminNotFound extends wire<AdminNotFound>()("AdminNotFound", ADMIN_ROWS.NotFound, {}) {}
+
+/** The thing exists but its state forbids the change (approving a decided application, changing a closed account). */
+export class AdminConflict extends wire<AdminConflict>()("AdminConflict", ADMIN_ROWS.Conflict, {}) {}
 
 export type AdminError = InvalidRequest | AdminNotFound | AdminConflict | AdmissionUnavailable
 

@@ -2,7 +2,7 @@
  * Limits and timings of the HTTP surface. Defaults are the documented ones;
  * `fromEnv` reads the environment variables listed in the README.
  */
-import { Config, Context, Effect, Layer, Option, type Redacted } from "effect"
+import { Config, Context, Effect, Layer, Option, Redacted } from "effect"
 
 export interface GatewayConfigShape {
   /** 413 above this many body bytes (decided from Content-Length, enforced while reading). */
@@ -59,6 +59,6 @@ export const layerFromEnv = Layer.effect(
   GatewayConfig,
   Effect.map(config, (c) => ({
     ...c,
-    adminToken: Option.filter(c.adminToken, (t) => t.toString().length > 0),
+    adminToken: Option.filter(c.adminToken, (t) => Redacted.value(t).trim().length > 0),
   })),
 )

@@ -112,7 +112,7 @@ type WireClass<Self, Tag extends string, F extends Schema.Struct.Fields> = Schem
  * row's), the row's fields as getters, and `fields` besides (`param` when
  * each error names its own, `retryAfterSeconds` on retryable rows).
  */
-const wire =
+export const wire =
   <Self>() =>
   <const Tag extends string, F extends Schema.Struct.Fields>(
     tag: Tag,

@@ -4,7 +4,21 @@ import { describe, expect, it, layer } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Redacted } from "effect"
 import { Database, TestDatabase } from "../src/index"
 
-const TABLES = ["accounts", "api_keys", "balance_movements", "usage_records"]
+const TABLES = [
+  "accounts",
+  "api_keys",
+  "balance_movements",
+  "usage_records",
+  "applications",
+  "access_tokens",
+  "mail_outbox",
+  "apply_attempts",
+  "console_sessions",
+]
+const MIGRATIONS = [
+  [1, "initial"],
+  [2, "lifecycle"],
+]
 const INDEXES = [
   "api_keys_account",
   "balance_movements_account",
@@ -126,14 +140,14 @@ describe("toNumber", () => {
 })
 
 layer(Database.layer("sqlite::memory:"))("migrations on SQLite in memory", (it) => {
-  it.effect("create the four tables, their indexes and the migration record", () =>
+  it.effect("create the tables, their indexes and the migration record", () =>
     Effect.gen(function* () {
       const tables = yield* sqliteObjects("table")
       for (const table of TABLES) expect(tables).toContain(table)
       expect(tables).toContain("effect_sql_migrations")
       const indexes = yield* sqliteObjects("index")
       for (const index of INDEXES) expect(indexes).toContain(index)
-      expect(yield* migrationIds).toEqual([[1, "initial"]])
+      expect(yield* migrationIds).toEqual(MIGRATIONS)
     }),
   )
 
@@ -170,7 +184,7 @@ describe("migrations on a SQLite file", () => {
       })
       yield* Effect.provide(first, Database.layer(url))
       const second = Effect.gen(function* () {
-        expect(yield* migrationIds).toEqual([[1, "initial"]])
+        expect(yield* migrationIds).toEqual(MIGRATIONS)
         const sql = yield* SqlClient.SqlClient
         const rows = yield* sql<{ balance_micros: unknown }>`SELECT balance_micros FROM accounts`
         expect(rows.map((row) => Database.toNumber(row.balance_micros))).toEqual([BIG])
@@ -227,7 +241,7 @@ TestDatabase.describePg(describe, "Database on PostgreSQL", () => {
   const Migrated = Layer.unwrapEffect(Effect.map(FreshPgUrl, Database.layer)).pipe(Layer.provideMerge(Fresh))
 
   layer(Migrated, { timeout: 30_000 })("a fresh database", (it) => {
-    it.effect("is a swarmgate_store_<random> database, and migrations created the four tables", () =>
+    it.effect("is a swarmgate_store_<random> database, and migrations created the tables", () =>
       Effect.gen(function* () {
         const url = yield* FreshPgUrl
         expect(databaseOf(url)).toMatch(/^swarmgate_store_[0-9a-f]{12}$/)
@@ -237,7 +251,7 @@ TestDatabase.describePg(describe, "Database on PostgreSQL", () => {
         const tables = yield* pgTables
         for (const table of TABLES) expect(tables).toContain(table)
         expect(tables).toContain("effect_sql_migrations")
-        expect(yield* migrationIds).toEqual([[1, "initial"]])
+        expect(yield* migrationIds).toEqual(MIGRATIONS)
       }),
     )
 
@@ -260,7 +274,7 @@ TestDatabase.describePg(describe, "Database on PostgreSQL", () => {
       Effect.gen(function* () {
         const url = yield* FreshPgUrl
         const ids = yield* Effect.provide(migrationIds, Database.layer(url))
-        expect(ids).toEqual([[1, "initial"]])
+        expect(ids).toEqual(MIGRATIONS)
       }),
     )
   })
@@ -278,7 +292,7 @@ TestDatabase.describePg(describe, "Database on PostgreSQL", () => {
         for (const context of contexts) {
           const tables = yield* Effect.provide(pgTables, context)
           for (const table of TABLES) expect(tables).toContain(table)
-          expect(yield* Effect.provide(migrationIds, context)).toEqual([[1, "initial"]])
+          expect(yield* Effect.provide(migrationIds, context)).toEqual(MIGRATIONS)
         }
       })
       return Effect.repeatN(Effect.scoped(race), 2)
