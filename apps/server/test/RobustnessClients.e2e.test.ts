@@ -170,9 +170,10 @@ describe("big bodies", () => {
     expect(text).toMatch(/^HTTP\/1\.1 413 /)
     const body = JSON.parse(text.slice(text.indexOf("\r\n\r\n") + 4))
     expect(body.error.code).toBe("request_too_large")
-    // Sent at most: the limit, the drain, and both sockets' kernel buffers (~4 MiB on loopback).
+    // Sent at most: the limit and the drain the gateway reads, and what both sockets' kernel
+    // buffers take while it no longer reads (loopback autotunes them to several MiB).
     console.info(`1 GiB upload: ${(socket.bytesWritten / 2 ** 20).toFixed(1)} MiB left the client`)
-    expect(socket.bytesWritten).toBeLessThan(MAX_BODY + DRAIN + 8 * 1024 * 1024)
+    expect(socket.bytesWritten).toBeLessThan(MAX_BODY + DRAIN + 16 * 1024 * 1024)
     expect(rssBytes(strict) - rssBefore).toBeLessThan(64 * 1024 * 1024)
   }, 30_000)
 })

@@ -28,14 +28,15 @@ export const hasBody = (req: IncomingMessage) =>
   req.headers["transfer-encoding"] !== undefined ||
   (req.headers["content-length"] !== undefined && req.headers["content-length"] !== "0")
 
-/** After refusing a body we did not read, how much more of it we discard before cutting the connection. */
+/** After refusing a body we did not read, how much more of it we read and discard. */
 const DRAIN_MAX_BYTES = 1024 * 1024
 const DRAIN_MAX_MILLIS = 2_000
 
 /**
  * A refused body is drained for a bounded while, so that a client still
  * uploading can read our answer (closing at once makes it see EPIPE, not the
- * 413); past the bound the connection is cut.
+ * 413): at most `DRAIN_MAX_BYTES` are read, then reading stops, and after
+ * `DRAIN_MAX_MILLIS` the connection is cut.
  */
 export const closeAfterUnreadBody = (req: IncomingMessage, res: ServerResponse) => {
   if (req.complete || !hasBody(req)) return
@@ -52,7 +53,9 @@ export const closeAfterUnreadBody = (req: IncomingMessage, res: ServerResponse) 
     timer.unref()
     req.on("data", (chunk: Buffer) => {
       drained += chunk.length
-      if (drained > DRAIN_MAX_BYTES) cut()
+      // Past the bound, stop reading: TCP then stops the client. Cutting here would make a client
+      // that is still writing fail on its write and drop the answer it has not read yet.
+      if (drained > DRAIN_MAX_BYTES) req.pause()
     })
     req.once("end", () => clearTimeout(timer))
     req.resume()
