@@ -8,7 +8,9 @@ import { PerformanceObserver } from "node:perf_hooks"
 import { pathToFileURL } from "node:url"
 
 const require = createRequire(`${process.cwd()}/package.json`)
-const counts = { ops: 0, fibers: 0, timers: 0, sql: 0, redis: 0, gc: 0, gcMillis: 0 }
+const counts = { ops: 0, fibers: 0, timers: 0, sql: 0, redis: 0, redisWrites: 0, gc: 0, gcMillis: 0 }
+/** Redis commands by name (`evalsha`, `publish`, …), reset with the counts. */
+let redisByName = {}
 
 // Effect: the bundle and the sources import its ES module build; one fiber gives the runtime's prototype.
 const effectEsm = pathToFileURL(require.resolve("effect").replace("/dist/cjs/", "/dist/esm/")).href
@@ -68,9 +70,22 @@ try {
   const send = (Redis.default ?? Redis).prototype.sendCommand
   ;(Redis.default ?? Redis).prototype.sendCommand = function (...args) {
     counts.redis++
+    const name = args[0]?.name ?? "?"
+    redisByName[name] = (redisByName[name] ?? 0) + 1
     return send.apply(this, args)
   }
 } catch {}
+
+// Round trips: writes on sockets to the Redis port (a pipeline of commands is one write, one trip).
+const redisPort = Number(new URL(process.env.REDIS_URL || "redis://127.0.0.1:6379").port || 6379)
+{
+  const { Socket } = require("node:net")
+  const write = Socket.prototype.write
+  Socket.prototype.write = function (...args) {
+    if (this.remotePort === redisPort) counts.redisWrites++
+    return write.apply(this, args)
+  }
+}
 
 new PerformanceObserver((list) => {
   for (const entry of list.getEntries()) {
@@ -80,6 +95,7 @@ new PerformanceObserver((list) => {
 }).observe({ entryTypes: ["gc"] })
 
 process.on("SIGUSR2", () => {
-  process.stderr.write(`BENCH-COUNTS ${JSON.stringify(counts)}\n`)
+  process.stderr.write(`BENCH-COUNTS ${JSON.stringify({ ...counts, redisByName })}\n`)
   for (const key of Object.keys(counts)) counts[key] = 0
+  redisByName = {}
 })
