@@ -152,7 +152,8 @@ export const closeIdleAccounts = Effect.gen(function* () {
 export const closerLayer = Layer.scopedDiscard(
   Effect.forkScoped(
     closeIdleAccounts.pipe(
-      Effect.catchAllCause((cause) => Effect.logWarning("account closer: will try again", cause)),
+      // A database outage is reported where requests meet it; here it would repeat four times a second.
+      Effect.catchAllCause((cause) => Effect.logDebug("account closer: will try again", cause)),
       Effect.repeat(Schedule.spaced(CLOSER_INTERVAL_MILLIS)),
     ),
   ),
