@@ -159,3 +159,71 @@ describe("applications and the account lifecycle, end to end", () => {
     expect(reopen.status).toBe(409)
   }, 90_000)
 })
+
+describe("the application form, as a browser without JavaScript posts it", () => {
+  let server: RunningServer
+
+  beforeAll(async () => {
+    server = await startServer({ SWARMGATE_APPLY_PER_HOUR: "2" })
+  }, 60_000)
+
+  afterAll(async () => {
+    await server?.stop()
+  })
+
+  const postForm = (fields: Record<string, string>, contentType = "application/x-www-form-urlencoded") =>
+    fetch(`${server.baseUrl}/apply`, {
+      method: "POST",
+      redirect: "manual",
+      headers: { "content-type": contentType },
+      body: new URLSearchParams(fields).toString(),
+    })
+
+  it("serves an accessible form, answers a good post with 303, a bad one with the form marked, and bounds a client", async () => {
+    const form = await fetch(`${server.baseUrl}/apply`)
+    expect(form.status).toBe(200)
+    const html = await form.text()
+    for (const field of ["name", "email", "organization", "use_case"])
+      expect(html).toMatch(new RegExp(`<label for="${field}">[^<]+</label>`))
+    expect(html).toContain('<form method="post" action="/apply"')
+    expect(form.headers.get("content-security-policy")).toContain("frame-ancestors 'none'")
+
+    const good = await postForm({
+      name: "Form User",
+      email: "form@example.org",
+      organization: "",
+      use_case: "Testing",
+    })
+    expect(good.status).toBe(303)
+    expect(good.headers.get("location")).toBe("/apply/sent")
+    expect((await fetch(`${server.baseUrl}/apply/sent`)).status).toBe(200)
+
+    const bad = await postForm({ name: "", email: "nope", use_case: "x" })
+    expect(bad.status).toBe(422)
+    const marked = await bad.text()
+    expect(marked).toContain('role="alert"')
+    expect(marked).toMatch(/id="email" name="email" aria-invalid="true"/)
+    expect(marked).toContain('value="nope"')
+    // Bad input changes nothing: the outbox holds only the good application's mail.
+    const outbox = await server.admin<{ data: Array<{ to: string }> }>("GET", "/outbox")
+    expect(outbox.body.data.map((m) => m.to)).toEqual(["form@example.org"])
+
+    const wrongType = await postForm({ name: "x" }, "text/plain")
+    expect(wrongType.status).toBe(415)
+
+    expect(
+      (await postForm({ name: "Second", email: "second@example.org", use_case: "Testing" })).status,
+    ).toBe(303)
+    const bounded = await postForm({ name: "Third", email: "third@example.org", use_case: "Testing" })
+    expect(bounded.status).toBe(429)
+    expect(Number(bounded.headers.get("retry-after"))).toBeGreaterThan(0)
+    const json = await fetch(`${server.baseUrl}/apply`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ name: "Fourth", email: "fourth@example.org", use_case: "Testing" }),
+    })
+    expect(json.status).toBe(429)
+    expect(((await json.json()) as { error: { code: string } }).error.code).toBe("rate_limit_exceeded")
+    expect(json.headers.get("x-request-id")).toMatch(/^req_/)
+  }, 60_000)
+})
