@@ -6,7 +6,12 @@
 import { escapeHtml } from "./Html"
 import type { Mail } from "./Mail"
 
-const html = (paragraphs: ReadonlyArray<string>, link?: { readonly url: string; readonly label: string }) =>
+interface Link {
+  readonly url: string
+  readonly label: string
+}
+
+const html = (paragraphs: ReadonlyArray<string>, link?: Link) =>
   [
     '<!doctype html><html><body style="font-family:sans-serif;max-width:36em">',
     ...paragraphs.map((p) => `<p>${escapeHtml(p)}</p>`),
@@ -14,49 +19,60 @@ const html = (paragraphs: ReadonlyArray<string>, link?: { readonly url: string; 
     "</body></html>",
   ].join("\n")
 
-export const verifyApplication = (to: string, name: string, url: string): Mail => {
-  const lines = [
-    `Hello ${name},`,
-    "thank you for applying for access to swarmgate. Please confirm your email address by opening this link within 24 hours:",
-  ]
-  return {
-    to,
-    subject: "Confirm your email address for swarmgate",
-    text: `${lines.join("\n\n")}\n\n${url}\n\nIf you did not apply, ignore this mail.\n`,
-    html: html([...lines, "If you did not apply, ignore this mail."], { url, label: "Confirm my address" }),
-  }
-}
+/** One mail from its paragraphs: the link (if any) after them, then the closing paragraphs. */
+const compose = (
+  to: string,
+  subject: string,
+  lines: ReadonlyArray<string>,
+  link?: Link,
+  after: ReadonlyArray<string> = [],
+): Mail => ({
+  to,
+  subject,
+  text: `${[...lines, ...(link === undefined ? [] : [link.url]), ...after].join("\n\n")}\n`,
+  html: html([...lines, ...after], link),
+})
 
-export const approved = (to: string, name: string, url: string): Mail => {
-  const lines = [
-    `Hello ${name},`,
-    "your application for swarmgate was approved. Your API key is waiting for you: open this link within 7 days to see it. The link works once.",
-  ]
-  return {
+export const verifyApplication = (to: string, name: string, url: string): Mail =>
+  compose(
     to,
-    subject: "Your swarmgate API key is ready",
-    text: `${lines.join("\n\n")}\n\n${url}\n`,
-    html: html(lines, { url, label: "Show my API key" }),
-  }
-}
+    "Confirm your email address for swarmgate",
+    [
+      `Hello ${name},`,
+      "thank you for applying for access to swarmgate. Please confirm your email address by opening this link within 24 hours:",
+    ],
+    { url, label: "Confirm my address" },
+    ["If you did not apply, ignore this mail."],
+  )
 
-export const rejected = (to: string, name: string, reason: string): Mail => {
-  const lines = [`Hello ${name},`, "your application for swarmgate was not approved.", `Reason: ${reason}`]
-  return { to, subject: "Your swarmgate application", text: `${lines.join("\n\n")}\n`, html: html(lines) }
-}
-
-export const verifyAddress = (to: string, name: string, url: string): Mail => {
-  const lines = [
-    `Hello ${name},`,
-    "this address was set for your swarmgate account. Until you confirm it, the account's API keys are refused (403 account_restricted). Open this link within 24 hours to confirm it:",
-  ]
-  return {
+export const approved = (to: string, name: string, url: string): Mail =>
+  compose(
     to,
-    subject: "Confirm the new email address of your swarmgate account",
-    text: `${lines.join("\n\n")}\n\n${url}\n`,
-    html: html(lines, { url, label: "Confirm this address" }),
-  }
-}
+    "Your swarmgate API key is ready",
+    [
+      `Hello ${name},`,
+      "your application for swarmgate was approved. Your API key is waiting for you: open this link within 7 days to see it. The link works once.",
+    ],
+    { url, label: "Show my API key" },
+  )
+
+export const rejected = (to: string, name: string, reason: string): Mail =>
+  compose(to, "Your swarmgate application", [
+    `Hello ${name},`,
+    "your application for swarmgate was not approved.",
+    `Reason: ${reason}`,
+  ])
+
+export const verifyAddress = (to: string, name: string, url: string): Mail =>
+  compose(
+    to,
+    "Confirm the new email address of your swarmgate account",
+    [
+      `Hello ${name},`,
+      "this address was set for your swarmgate account. Until you confirm it, the account's API keys are refused (403 account_restricted). Open this link within 24 hours to confirm it:",
+    ],
+    { url, label: "Confirm this address" },
+  )
 
 export interface StatementLines {
   readonly accountId: string
@@ -69,16 +85,9 @@ export interface StatementLines {
 
 const usd = (n: number) => `${n.toFixed(6)} USD`
 
-export const statement = (to: string, name: string, s: StatementLines): Mail => {
-  const lines = [
+export const statement = (to: string, name: string, s: StatementLines): Mail =>
+  compose(to, "Your swarmgate account is closed", [
     `Hello ${name},`,
     `your swarmgate account ${s.accountId} was closed on ${s.closedAt}; its API keys no longer work. Final statement:`,
     `Credits: ${usd(s.creditsUsd)}\nCharges: ${usd(s.chargesUsd)}\nRefunds: ${usd(s.refundsUsd)}\nBalance: ${usd(s.balanceUsd)}`,
-  ]
-  return {
-    to,
-    subject: "Your swarmgate account is closed",
-    text: `${lines.join("\n\n")}\n`,
-    html: html(lines),
-  }
-}
+  ])
