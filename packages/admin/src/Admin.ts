@@ -490,12 +490,7 @@ export const closeAccount = (id: string): Admin<AccountView> =>
 export const accountStatement = (id: string): Admin<AccountLifecycle.Statement> =>
   AccountLifecycle.statement(id)
 
-export const listApplications = (status: string | null): Admin<unknown> =>
-  Applications.list(status).pipe(
-    Effect.catchTag("AdminNotFound", (e) =>
-      Effect.fail(new InvalidRequest({ message: e.message, param: "status" })),
-    ),
-  )
+export const listApplications = (status: string | null): Admin<unknown> => Applications.list(status)
 
 export const getApplication = (id: string): Admin<Applications.ApplicationView> => Applications.get(id)
 

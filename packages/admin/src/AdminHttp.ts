@@ -3,7 +3,6 @@
  * token (compared in constant time), bodies read within the gateway's
  * limits, answers as JSON. Provided to the gateway as its `SideRoutes`.
  */
-import { createHash, timingSafeEqual } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Dispatcher } from "@swarmgate/dispatch"
 import { GatewayConfig, HttpIo, SideRoutes } from "@swarmgate/gateway"
@@ -12,6 +11,7 @@ import * as AccountLifecycle from "./AccountLifecycle"
 import { type AdminServices, handleAdmin } from "./Admin"
 import * as AdminNodes from "./AdminNodes"
 import * as Console from "./Console"
+import * as ConsoleSession from "./ConsoleSession"
 import * as Mail from "./Mail"
 import * as PublicPages from "./PublicPages"
 
@@ -25,14 +25,8 @@ export type AdminHttpRequirements =
   | Exclude<AdminHttpServices, Mail.Mailer>
   | Layer.Layer.Context<typeof Mail.layer>
 
-export const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) => {
-  const header = req.headers.authorization ?? ""
-  const expected = createHash("sha256")
-    .update(`Bearer ${Redacted.value(token)}`)
-    .digest()
-  const actual = createHash("sha256").update(header).digest()
-  return timingSafeEqual(expected, actual)
-}
+export const adminAuthorized = (req: IncomingMessage, token: Redacted.Redacted) =>
+  ConsoleSession.sameSecret(req.headers.authorization ?? "", `Bearer ${Redacted.value(token)}`)
 
 /** `/admin/v1/<segments>`: 404 without an admin token configured, 401 with a wrong one. */
 export const admin = (
@@ -75,14 +69,6 @@ export const admin = (
     HttpIo.sendJson(res, response.status, response.body)
   })
 
-/** The segments of an admin path; throws on a malformed percent-escape (the server answers 404). */
-const segmentsOf = (path: string) =>
-  path
-    .slice(ADMIN_PREFIX.length)
-    .split("/")
-    .filter((s) => s.length > 0)
-    .map(decodeURIComponent)
-
 const allowed = (methods: ReadonlyArray<string>, method: string): SideRoutes.Route | undefined =>
   methods.includes(method) || (method === "HEAD" && methods.includes("GET"))
     ? undefined
@@ -97,7 +83,8 @@ export const make = Effect.map(
         _tag: "Run",
         effect: Effect.provide(effect, context),
       })
-      if (path.startsWith(ADMIN_PREFIX)) return run(admin(req, res, segmentsOf(path), startedAt))
+      if (path.startsWith(ADMIN_PREFIX))
+        return run(admin(req, res, HttpIo.segmentsAfter(ADMIN_PREFIX, path), startedAt))
       if (path === Console.CONSOLE_PREFIX || path.startsWith(`${Console.CONSOLE_PREFIX}/`))
         return run(Console.handle(req, res, path, startedAt))
       const methods = PublicPages.PUBLIC_PATHS[path]

@@ -7,7 +7,7 @@
 import { randomUUID } from "node:crypto"
 import { SqlClient } from "@effect/sql"
 import { type AccountLimits, Repository } from "@swarmgate/auth"
-import { RateLimitExceeded, ValidationFailed } from "@swarmgate/protocol"
+import { InvalidRequest, RateLimitExceeded, ValidationFailed } from "@swarmgate/protocol"
 import { Database } from "@swarmgate/store"
 import { Clock, Effect, Either, ParseResult, Schema } from "effect"
 import { AdminConfig } from "./AdminConfig"
@@ -268,8 +268,9 @@ export const list = (status: string | null) =>
   Effect.gen(function* () {
     if (status !== null && !Schema.is(ApplicationStatus)(status))
       return yield* Effect.fail(
-        new AdminNotFound({
+        new InvalidRequest({
           message: `Unknown status '${status}'; use one of ${ApplicationStatus.literals.join(", ")}.`,
+          param: "status",
         }),
       )
     const sql = yield* SqlClient.SqlClient

@@ -390,13 +390,6 @@ const change = (
     return redirect(res, `${done.back ?? back}?notice=${encodeURIComponent(done.notice)}`)
   })
 
-const segmentsOf = (path: string) =>
-  path
-    .slice(CONSOLE_PREFIX.length)
-    .split("/")
-    .filter((s) => s.length > 0)
-    .map(decodeURIComponent)
-
 /** Answers every path under `/console`. */
 export const handle = (
   req: IncomingMessage,
@@ -412,7 +405,7 @@ export const handle = (
     const secure = ConsoleSession.isHttps(req, config.publicUrl())
     const url = new URL(req.url ?? "/", "http://console")
     const method = req.method ?? "GET"
-    const segments = segmentsOf(path)
+    const segments = HttpIo.segmentsAfter(CONSOLE_PREFIX, path)
     const [first, id, action, ...rest] = segments
     const get = method === "GET" || method === "HEAD"
 

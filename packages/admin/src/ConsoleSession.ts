@@ -20,6 +20,7 @@ export interface Session {
 
 const hashOf = (id: string) => createHash("sha256").update(`console:${id}`).digest("hex")
 
+/** Equal strings, compared in constant time (over fixed-length digests). */
 export const sameSecret = (a: string, b: string) => {
   const x = createHash("sha256").update(a).digest()
   const y = createHash("sha256").update(b).digest()

@@ -11,7 +11,6 @@ import { GatewayConfig, HttpIo } from "@swarmgate/gateway"
 import {
   type ApiError,
   REQUEST_ID_HEADER,
-  renderError,
   UnsupportedMediaType,
   type ValidationDetail,
 } from "@swarmgate/protocol"
@@ -124,14 +123,8 @@ console.log(completion.choices[0].message.content)`}</pre>`,
 
 const requestIdOf = (res: ServerResponse) => String(res.getHeader(REQUEST_ID_HEADER) ?? "")
 
-const sendError = (res: ServerResponse, error: ApiError) => {
-  const rendered = renderError(error, requestIdOf(res))
-  res.writeHead(rendered.status, {
-    ...rendered.headers,
-    "content-length": String(Buffer.byteLength(rendered.body)),
-  })
-  res.end(rendered.body)
-}
+const sendError = (req: IncomingMessage, res: ServerResponse, error: ApiError) =>
+  HttpIo.sendError(req, res, requestIdOf(res), error)
 
 const isForm = (contentType: string | undefined) =>
   (contentType ?? "").split(";")[0]!.trim().toLowerCase() === "application/x-www-form-urlencoded"
@@ -143,8 +136,8 @@ const applyPost = (req: IncomingMessage, res: ServerResponse, startedAt: number)
     const contentType = req.headers["content-type"]
     const form = isForm(contentType)
     if (!form && !HttpIo.isJsonContentType(contentType)) {
-      HttpIo.closeAfterUnreadBody(req, res)
       return sendError(
+        req,
         res,
         new UnsupportedMediaType({
           message: "Content-Type must be application/json or application/x-www-form-urlencoded.",
@@ -171,7 +164,7 @@ const applyPost = (req: IncomingMessage, res: ServerResponse, startedAt: number)
       return HttpIo.sendJson(res, 202, outcome.right)
     }
     const error = outcome.left
-    if (!form) return sendError(res, error)
+    if (!form) return sendError(req, res, error)
     if (error._tag === "ValidationFailed") return sendHtml(res, 422, formPage(values, error.detail))
     values = {}
     const retry = error.retryAfter

@@ -6,7 +6,13 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http"
 import { Timers } from "@swarmgate/dispatch"
-import { InvalidRequest, RequestTimeout, RequestTooLarge } from "@swarmgate/protocol"
+import {
+  type ApiError,
+  InvalidRequest,
+  RequestTimeout,
+  RequestTooLarge,
+  renderError,
+} from "@swarmgate/protocol"
 import { Effect } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
@@ -128,3 +134,27 @@ export const parseJson = (buffer: Buffer) =>
     try: () => JSON.parse(buffer.toString("utf8")) as unknown,
     catch: () => new InvalidRequest({ message: "The request body is not valid JSON.", param: null }),
   })
+
+/**
+ * A §7 refusal as the one renderer makes it (status, headers, body with the
+ * request id); a refusal that leaves the body unread drains it boundedly.
+ */
+export const sendError = (req: IncomingMessage, res: ServerResponse, requestId: string, error: ApiError) => {
+  const rendered = renderError(error, requestId)
+  if (error.status === 413 || error.status === 408 || error.status === 415 || error.status === 401) {
+    closeAfterUnreadBody(req, res)
+  }
+  res.writeHead(rendered.status, {
+    ...rendered.headers,
+    "content-length": String(Buffer.byteLength(rendered.body)),
+  })
+  res.end(rendered.body)
+}
+
+/** The decoded path segments after `prefix`; throws on a malformed percent-escape (the server answers 404). */
+export const segmentsAfter = (prefix: string, path: string): ReadonlyArray<string> =>
+  path
+    .slice(prefix.length)
+    .split("/")
+    .filter((s) => s.length > 0)
+    .map(decodeURIComponent)

@@ -19,7 +19,6 @@ import {
   InvalidRequest,
   isApiError,
   REQUEST_ID_HEADER,
-  renderError,
   streamErrorEvent,
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
@@ -28,7 +27,15 @@ import { Cause, Context, Effect, Either, Exit, FiberId, Option, Runtime, Scope }
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig } from "./GatewayConfig"
-import { closeAfterUnreadBody, empty, isJsonContentType, parseJson, readBody, sendJson } from "./HttpIo"
+import {
+  closeAfterUnreadBody,
+  empty,
+  isJsonContentType,
+  parseJson,
+  readBody,
+  sendError,
+  sendJson,
+} from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
@@ -58,15 +65,7 @@ const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string
     }
     return
   }
-  const rendered = renderError(error, requestId)
-  if (error.status === 413 || error.status === 408 || error.status === 415 || error.status === 401) {
-    closeAfterUnreadBody(req, res)
-  }
-  res.writeHead(rendered.status, {
-    ...rendered.headers,
-    "content-length": String(Buffer.byteLength(rendered.body)),
-  })
-  res.end(rendered.body)
+  sendError(req, res, requestId, error)
 }
 
 /** Storage trouble while authenticating is ours, not the caller's: a retryable 503. */
