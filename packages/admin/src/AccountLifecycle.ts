@@ -11,7 +11,7 @@ import { type Account, ApiKeys, microsToUsd, Repository } from "@swarmgate/auth"
 import { Billing } from "@swarmgate/billing"
 import { Limits } from "@swarmgate/gateway"
 import { Database } from "@swarmgate/store"
-import { Clock, Effect, Layer, Option, Schedule } from "effect"
+import { Clock, Context, Effect, Layer, Option, Queue } from "effect"
 import { AdminConfig } from "./AdminConfig"
 import { AdminConflict, catchSql, fromRepository, fromSql } from "./AdminErrors"
 import * as Mail from "./Mail"
@@ -58,6 +58,8 @@ export const close = (id: string) =>
     yield* sql`UPDATE accounts SET status = 'closing', updated_at = ${now}
       WHERE id = ${id} AND status NOT IN ('closing', 'closed')`.pipe(fromSql)
     yield* (yield* ApiKeys.ApiKeys).invalidateAccount(id)
+    const closer = yield* Effect.serviceOption(Closer)
+    if (Option.isSome(closer)) yield* closer.value.wake
     return yield* fromRepository(repo.getAccount(id))
   })
 
@@ -135,26 +137,48 @@ export const finish = (account: Account) =>
     return true
   })
 
-const CLOSER_INTERVAL_MILLIS = 250
+/** While an account is closing, how often it is looked at; with none, how often another instance's (or a crashed one's) closings are looked for. */
+const CLOSING_INTERVAL_MILLIS = 250
+const IDLE_INTERVAL_MILLIS = 5_000
 
-/** Every closing account, looked at again and again until it can be closed. */
+/** Every closing account looked at once (closed if idle); how many are still closing. */
 export const closeIdleAccounts = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const repo = yield* Repository.Repository
   const ids = yield* sql<{ id: string }>`SELECT id FROM accounts WHERE status = 'closing'`
+  let open = 0
   for (const { id } of ids) {
     const account = yield* repo.getAccount(id)
-    yield* finish(account)
+    if (!(yield* finish(account))) open++
   }
+  return open
 })
 
-/** The closer, for as long as the server runs. */
-export const closerLayer = Layer.scopedDiscard(
-  Effect.forkScoped(
-    closeIdleAccounts.pipe(
-      // A database outage is reported where requests meet it; here it would repeat four times a second.
-      Effect.catchAllCause((cause) => Effect.logDebug("account closer: will try again", cause)),
-      Effect.repeat(Schedule.spaced(CLOSER_INTERVAL_MILLIS)),
-    ),
-  ),
+/** Wakes the closer at once (a close through this instance); absent in the CLI. */
+export class Closer extends Context.Tag("@swarmgate/admin/Closer")<
+  Closer,
+  { readonly wake: Effect.Effect<void> }
+>() {}
+
+/**
+ * The closer, for as long as the server runs: quick rounds while an account
+ * is closing, a slow look otherwise, woken at once by a close made here.
+ */
+export const closerLayer = Layer.scoped(
+  Closer,
+  Effect.gen(function* () {
+    const signal = yield* Queue.sliding<void>(1)
+    const round = closeIdleAccounts.pipe(
+      // A database outage is reported where requests meet it; here it would repeat with every round.
+      Effect.catchAllCause((cause) => Effect.as(Effect.logDebug("account closer: will try again", cause), 1)),
+      Effect.flatMap((open) =>
+        Effect.race(
+          Queue.take(signal),
+          Effect.sleep(open > 0 ? CLOSING_INTERVAL_MILLIS : IDLE_INTERVAL_MILLIS),
+        ),
+      ),
+    )
+    yield* Effect.forkScoped(Effect.forever(round))
+    return { wake: Effect.asVoid(Queue.offer(signal, undefined)) }
+  }),
 )

@@ -100,8 +100,8 @@ export const make = Effect.map(
   }),
 )
 
-/** The routes, with the closer of closing accounts running beside them and the mailer they share. */
-export const layer: Layer.Layer<SideRoutes.SideRoutes, never, AdminHttpRequirements> = Layer.merge(
-  Layer.effect(SideRoutes.SideRoutes, make),
-  AccountLifecycle.closerLayer,
-).pipe(Layer.provide(Mail.layer))
+/** The routes, over the closer of closing accounts (a close here wakes it) and the mailer they share. */
+export const layer: Layer.Layer<SideRoutes.SideRoutes, never, AdminHttpRequirements> = Layer.effect(
+  SideRoutes.SideRoutes,
+  make,
+).pipe(Layer.provide(AccountLifecycle.closerLayer), Layer.provide(Mail.layer))
