@@ -147,6 +147,8 @@ export interface QuotaShape {
   ) => Effect.Effect<Usage, AdmissionUnavailable>
   /** Requests admitted (or queued) by this instance and not yet released. */
   readonly inFlight: Effect.Effect<number>
+  /** The store is remote (Redis): every admission and release is a round trip. */
+  readonly remote: boolean
 }
 
 export class Quota extends Context.Tag("@swarmgate/quota/Quota")<Quota, QuotaShape>() {}
@@ -311,7 +313,12 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
             done: false,
             committed: false,
             commit: undefined as Fiber.RuntimeFiber<void> | undefined,
+            /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
+            committedAt: undefined as number | undefined,
           }
+          // The deferred commit's age in µs, or undefined once delivered (or for a store that commits at once).
+          const commitAgo = (now: number) =>
+            state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
           const finish = (stored: boolean) =>
             Effect.suspend(() => {
               if (state.done) return Effect.void
@@ -320,7 +327,8 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
               if (!stored) return Effect.void
               const pendingCommit = state.commit === undefined ? Effect.void : Fiber.await(state.commit)
               return pendingCommit.pipe(
-                Effect.zipRight(Effect.suspend(() => store.release(request, permit, state.committed))),
+                Effect.zipRight(Clock.currentTimeMillis),
+                Effect.flatMap((now) => store.release(request, permit, state.committed, commitAgo(now))),
                 Effect.catchAll(warn("release")),
               )
             })
@@ -370,12 +378,16 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           if (lease !== undefined) {
             yield* Effect.sleep(Math.max(1, Math.floor(lease / 3))).pipe(
               Effect.zipRight(
-                Effect.suspend(() =>
-                  // Committed and without a slot, a permit holds nothing that could lapse.
-                  state.committed && request.concurrency === undefined
-                    ? Effect.void
-                    : store.renew(request, permit, state.committed),
-                ),
+                Effect.flatMap(Clock.currentTimeMillis, (now) => {
+                  const ago = commitAgo(now)
+                  // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
+                  if (state.committed && ago === undefined && request.concurrency === undefined)
+                    return Effect.void
+                  return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
+                    // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
+                    if (ago !== undefined) state.committedAt = undefined
+                  })
+                }),
               ),
               Effect.catchAll(warn("renew")),
               Effect.forever,
@@ -386,6 +398,15 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           }
           const commit = Effect.suspend(() => {
             if (state.committed || state.done) return Effect.void
+            if (store.deferredCommit === true) {
+              // No round trip at the first token: the release (or the next renewal) carries the commit,
+              // charged as of now.
+              return Effect.map(Clock.currentTimeMillis, (now) => {
+                if (state.committed || state.done) return
+                state.committed = true
+                state.committedAt = now
+              })
+            }
             state.committed = true
             const charge = Effect.catchAll(store.commit(request, permit), warn("commit"))
             if (!store.remote) return charge
@@ -477,6 +498,7 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           Effect.catchTag("StoreUnavailable", () => Effect.fail(storeDown)),
         ),
       inFlight: Effect.sync(() => inFlight),
+      remote: store.remote,
     }
     return service
   })

@@ -82,6 +82,65 @@ describe.skipIf(skipRedis)("redis store", () => {
       }).pipe(Effect.scoped),
   )
 
+  it.live("a commit sent later (with a renewal or the release) counts from when it was decided, once", () =>
+    Effect.gen(function* () {
+      const store = yield* RedisStore.make({ url, prefix })
+      const request = Quota.normalize({
+        subject: subject("late-commit"),
+        resource: "m",
+        limits: {
+          rates: [{ name: "rpm", limit: 1, periodMillis: 60_000 }],
+          quotas: [{ name: "daily", limit: 3, period: "day" }],
+        },
+      })
+      expect((yield* store.admit(request, "first"))._tag).toBe("Admitted")
+      // Generation started 5 s ago; the renewal delivers the commit and the release carries it again.
+      yield* store.renew(request, "first", true, 5_000_000)
+      yield* store.release(request, "first", true, 5_000_000)
+      const next = yield* store.admit(request, "second")
+      if (next._tag !== "RateLimited") throw new Error(`expected RateLimited, got ${next._tag}`)
+      // The minute's window opened at the first token, not at the release: ~55 s left, not 60.
+      expect(next.waitMicros).toBeGreaterThan(54_000_000)
+      expect(next.waitMicros).toBeLessThanOrEqual(55_000_000)
+      const usage = yield* store.usage(request, ["m"])
+      expect(usage.quotas[0]?.remaining).toBe(2)
+    }).pipe(Effect.scoped),
+  )
+
+  it.live("a long request's commit reaches Redis with its next lease renewal, before the release", () =>
+    Effect.gen(function* () {
+      const own = randomPrefix("renewal-commit")
+      const who = subject("renewal-commit")
+      const request = {
+        subject: who,
+        limits: { quotas: [{ name: "daily", limit: 5, period: "day" as const }] },
+      }
+      const counted = Effect.promise(async () => {
+        const { Redis } = await import("ioredis")
+        const redis = new Redis(url)
+        try {
+          return await redis.hget(`${own}{${encodeURIComponent(who)}}:q`, "daily#c")
+        } finally {
+          redis.disconnect()
+        }
+      })
+      yield* Effect.gen(function* () {
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const permit = yield* Quota.admit(request)
+            yield* permit.commit
+            expect(yield* counted).toBeNull()
+            // Renewed every 100 ms with a 300 ms lease.
+            yield* Effect.sleep(250)
+            expect(yield* counted).toBe("1")
+          }),
+        )
+        expect(yield* counted).toBe("1")
+      }).pipe(Effect.provide(Quota.layerRedis({ url, prefix: own, leaseMillis: 300 })))
+      yield* Effect.promise(() => deleteKeys(url, own))
+    }),
+  )
+
   it.live("a running request renews its lease and keeps its slot", () =>
     Effect.gen(function* () {
       const request = { subject: subject("renew"), limits: { concurrency: { limit: 1 } } }

@@ -92,6 +92,35 @@ end
 local function hold(key, ttl_ms)
   if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
 end
+-- The commit of a request whose generation started at time 'at' (µs, <= now), sent later with its
+-- release or renewal: charged as of 'at', so the rate window is the one an immediate commit would
+-- have opened. Only while the permit is still pending: a second delivery changes nothing.
+local function commit_at(krate, kpres, kpsub, kquota, permit, rates, quotas, now, at)
+  if not redis.call('ZSCORE', kpres, permit) then return 0 end
+  local last = now
+  for _, r in ipairs(rates) do
+    if r.interval >= 0 then
+      local tat = math.max(tonumber(redis.call('HGET', krate, r.name)) or 0, at) + r.interval
+      redis.call('HSET', krate, r.name, fmt(tat))
+      if tat > last then last = tat end
+    end
+  end
+  if last > now then redis.call('PEXPIRE', krate, math.ceil((last - now) / 1000) + 1000) end
+  local horizon = 0
+  for _, q in ipairs(quotas) do
+    local idx = period_index(q.period, at)
+    local stored = redis.call('HMGET', kquota, q.name .. '#i', q.name .. '#c')
+    local count, sidx = 0, tonumber(stored[1])
+    -- Counted in a later period when one began meanwhile (never in a period already reset).
+    if sidx and sidx >= idx then idx = sidx; count = tonumber(stored[2]) or 0 end
+    redis.call('HSET', kquota, q.name .. '#i', fmt(idx), q.name .. '#c', fmt(count + 1))
+    horizon = math.max(horizon, period_end(q.period, idx) - now)
+  end
+  if horizon > 0 then hold(kquota, math.ceil(horizon / 1000) + 86400000) end
+  redis.call('ZREM', kpres, permit)
+  redis.call('ZREM', kpsub, permit)
+  return 1
+end
 `
 
 /**
@@ -208,12 +237,18 @@ return 1
 `)
 
 /**
- * KEYS: slots, queue, queue leases, meta, pending (resource), pending (subject).
- * ARGV: permit, committed (1/0). Reply: 1 when a slot was freed.
+ * KEYS: slots, queue, queue leases, meta, pending (resource), pending (subject),
+ * rate hash, quota hash. ARGV: permit, committed (1/0), µs since generation
+ * started when that commit was not sent yet (else ''), then the limits.
+ * Reply: 1 when a slot was freed.
  */
 export const release = script(`
 local now = now_micros()
 local permit, committed = ARGV[1], ARGV[2] == '1'
+if committed and ARGV[3] ~= '' then
+  local rates, quotas = parse(ARGV, 4)
+  commit_at(KEYS[7], KEYS[5], KEYS[6], KEYS[8], permit, rates, quotas, now, now - tonumber(ARGV[3]))
+end
 local acquired = tonumber(redis.call('HGET', KEYS[4], 'a:' .. permit))
 local held = redis.call('ZREM', KEYS[1], permit)
 redis.call('HDEL', KEYS[4], 'a:' .. permit)
@@ -234,13 +269,18 @@ return held
 `)
 
 /**
- * KEYS: slots, meta, pending (resource), pending (subject).
- * ARGV: permit, lease µs, committed (1/0), has a slot (1/0).
+ * KEYS: slots, meta, pending (resource), pending (subject), rate hash, quota hash.
+ * ARGV: permit, lease µs, committed (1/0), has a slot (1/0), µs since
+ * generation started when that commit was not sent yet (else ''), then the limits.
  */
 export const renew = script(`
 local now = now_micros()
 local permit, lease = ARGV[1], tonumber(ARGV[2])
 local ttl = math.ceil(lease / 1000) + 1000
+if ARGV[3] == '1' and ARGV[5] ~= '' then
+  local rates, quotas = parse(ARGV, 6)
+  commit_at(KEYS[5], KEYS[3], KEYS[4], KEYS[6], permit, rates, quotas, now, now - tonumber(ARGV[5]))
+end
 if ARGV[4] == '1' then
   -- Still running, so still holding: a lease that lapsed (a long pause) is taken again.
   if redis.call('ZADD', KEYS[1], fmt(now + lease), permit) == 1 then

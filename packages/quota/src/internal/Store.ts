@@ -78,8 +78,14 @@ export interface StoreNow {
 export interface Store {
   /** Present when every decision can be made synchronously. */
   readonly now?: StoreNow | undefined
-  /** A remote store: commits are forked so the round trip does not hold up the caller. */
+  /** A remote store: its operations are round trips. */
   readonly remote: boolean
+  /**
+   * The store can take a commit later, with the release or a renewal, charged
+   * as of when it was decided (`commitAgoMicros` before): no round trip of its
+   * own at the first token.
+   */
+  readonly deferredCommit?: boolean | undefined
   /** How long a slot or reservation survives without renewal; undefined when nothing can be orphaned. */
   readonly leaseMillis: number | undefined
   /** Checks rates and quotas, reserves them and takes a slot or a queue place, all or nothing. */
@@ -92,16 +98,23 @@ export interface Store {
   ) => Effect.Effect<SlotOutcome, StoreUnavailable>
   /** Charges the reserved rate and quota units (generation started). */
   readonly commit: (request: Normalized, permit: string) => Effect.Effect<void, StoreUnavailable>
-  /** Frees the slot or queue place and drops reservations that were not committed. */
+  /**
+   * Frees the slot or queue place and drops reservations that were not
+   * committed; with `commitAgoMicros` (a deferred commit), first charges the
+   * permit as of that long ago if it is still pending.
+   */
   readonly release: (
     request: Normalized,
     permit: string,
     committed: boolean,
+    commitAgoMicros?: number,
   ) => Effect.Effect<void, StoreUnavailable>
+  /** Extends the permit's leases; with `commitAgoMicros`, also delivers a deferred commit (as `release`). */
   readonly renew: (
     request: Normalized,
     permit: string,
     committed: boolean,
+    commitAgoMicros?: number,
   ) => Effect.Effect<void, StoreUnavailable>
   /** Current state without changing it; the request's rates are read for each of `resources`. */
   readonly usage: (

@@ -83,7 +83,7 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
     const pollMillis = options.pollMillis ?? 25
     // Commands fail at once while disconnected, so the failure policy decides instead of a growing backlog;
     // while Redis is away the failure policy answers, and ioredis keeps reconnecting.
-    const redis = yield* SharedRedis.connect(options.url, options.commandTimeoutMillis ?? 1_000)
+    const redis = yield* SharedRedis.shared(options.url, options.commandTimeoutMillis ?? 1_000)
 
     const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string>) =>
       SharedRedis.run(redis, script, keys, args).pipe(
@@ -192,22 +192,34 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       )
     }
 
-    const release = (request: Normalized, permit: string, committed: boolean) => {
+    // A commit not sent yet travels with the release or renewal: `commitAgoMicros` after it was decided.
+    const commitArgs = (request: Normalized, commitAgoMicros: number | undefined) =>
+      commitAgoMicros === undefined
+        ? [""]
+        : [String(Math.max(0, Math.round(commitAgoMicros))), ...limitArgs(request)]
+
+    const release = (request: Normalized, permit: string, committed: boolean, commitAgoMicros?: number) => {
       const k = keysOf(prefix, request.subject, request.resource)
       return run(
         Scripts.release,
-        [k.slots, k.queue, k.queueLeases, k.meta, k.pendingResource, k.pendingSubject],
-        [permit, committed ? "1" : "0"],
+        [k.slots, k.queue, k.queueLeases, k.meta, k.pendingResource, k.pendingSubject, k.rate, k.quota],
+        [permit, committed ? "1" : "0", ...commitArgs(request, committed ? commitAgoMicros : undefined)],
       ).pipe(Effect.zipRight(Effect.sync(() => wake(request.subject))))
     }
 
-    const renew = (request: Normalized, permit: string, committed: boolean) => {
+    const renew = (request: Normalized, permit: string, committed: boolean, commitAgoMicros?: number) => {
       const k = keysOf(prefix, request.subject, request.resource)
       return Effect.asVoid(
         run(
           Scripts.renew,
-          [k.slots, k.meta, k.pendingResource, k.pendingSubject],
-          [permit, leaseMicros, committed ? "1" : "0", request.concurrency === undefined ? "0" : "1"],
+          [k.slots, k.meta, k.pendingResource, k.pendingSubject, k.rate, k.quota],
+          [
+            permit,
+            leaseMicros,
+            committed ? "1" : "0",
+            request.concurrency === undefined ? "0" : "1",
+            ...commitArgs(request, committed ? commitAgoMicros : undefined),
+          ],
         ),
       )
     }
@@ -242,7 +254,17 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       })
     }
 
-    const store: Store = { remote: true, leaseMillis, admit, awaitSlot, commit, release, renew, usage }
+    const store: Store = {
+      remote: true,
+      deferredCommit: true,
+      leaseMillis,
+      admit,
+      awaitSlot,
+      commit,
+      release,
+      renew,
+      usage,
+    }
     return store
   })
 
