@@ -101,6 +101,56 @@ describe.skipIf(pairSkipped)("limits across two instances", () => {
     expect(usage).toMatchObject({ concurrency: 0, queued: 0 })
   }, 30_000)
 
+  /** The account's money and limits, once every request's release and settlement have landed. */
+  const settledView = async (server: RunningServer, accountId: string) => {
+    type View = {
+      balance_usd: number
+      held_usd: number
+      usage_now: {
+        concurrency: number
+        queued: number
+        rpm_remaining: Record<string, number>
+        daily_remaining: number
+      }
+    }
+    let view = (await server.admin<View>("GET", `/accounts/${accountId}`)).body
+    for (let i = 0; i < 100 && (view.held_usd !== 0 || view.usage_now.concurrency !== 0); i++) {
+      await sleep(20)
+      view = (await server.admin<View>("GET", `/accounts/${accountId}`)).body
+    }
+    return view
+  }
+
+  // Scaled out, a request's admission and hold go to Redis in one write, and so do its release and
+  // settlement: whichever of the two refuses, the other is undone.
+  it("refused requests leave no trace in the shared stores: no money held, no rate token or quota unit used", async () => {
+    const limited = await createKey(a, { balance_usd: 5, limits: { rpm: 2, daily: 10, concurrency: 4 } })
+    const [viaA, viaB] = clients(limited.key) as [OpenAI, OpenAI]
+    expect([await ask(viaA), await ask(viaB)]).toEqual(["ok", "ok"])
+    const afterTwo = await settledView(b, limited.accountId)
+    expect(afterTwo.balance_usd).toBeLessThan(5)
+    for (const client of [viaA, viaB, viaA, viaB]) expect(await ask(client)).toBe("rate_limit_exceeded")
+    const afterRefusals = await settledView(a, limited.accountId)
+    expect(afterRefusals).toMatchObject({ balance_usd: afterTwo.balance_usd, held_usd: 0 })
+    expect(afterRefusals.usage_now).toMatchObject({ concurrency: 0, queued: 0, daily_remaining: 8 })
+
+    const broke = await createKey(b, {
+      balance_usd: 0,
+      limits: { rpm: 2, daily: 2, concurrency: 1, queue: 0 },
+    })
+    const [brokeA, brokeB] = clients(broke.key) as [OpenAI, OpenAI]
+    for (const client of [brokeA, brokeB, brokeA, brokeB, brokeA])
+      expect(await ask(client)).toBe("insufficient_quota")
+    const unused = await settledView(a, broke.accountId)
+    expect(unused).toMatchObject({ balance_usd: 0, held_usd: 0 })
+    expect(unused.usage_now).toMatchObject({
+      concurrency: 0,
+      queued: 0,
+      daily_remaining: 2,
+      rpm_remaining: { "swarm-prime": 2 },
+    })
+  }, 30_000)
+
   it("a killed instance's slot comes back within one lease", async () => {
     const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 0 } })
     const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]

@@ -155,7 +155,7 @@ export const make = (
       claimDeadlines: `${base}wx`,
     }
 
-    const redis: Redis = yield* R.connect(options.url, options.commandTimeoutMillis ?? 1_000)
+    const redis: Redis = yield* R.shared(options.url, options.commandTimeoutMillis ?? 1_000)
     const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
       R.run(redis, script, keys, args)
     const unavailable =

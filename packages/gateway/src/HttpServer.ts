@@ -9,7 +9,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
-import type { Billing as BillingService } from "@swarmgate/billing"
+import { Billing as BillingService } from "@swarmgate/billing"
 import { Dispatcher } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
@@ -22,8 +22,20 @@ import {
   streamErrorEvent,
   UnsupportedMediaType,
 } from "@swarmgate/protocol"
-import type { Quota } from "@swarmgate/quota"
-import { Cause, Context, Effect, Either, Exit, FiberId, Option, Runtime, Scope } from "effect"
+import { Quota } from "@swarmgate/quota"
+import {
+  Cause,
+  Context,
+  Effect,
+  Either,
+  ExecutionStrategy,
+  Exit,
+  Fiber,
+  FiberId,
+  Option,
+  Runtime,
+  Scope,
+} from "effect"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig } from "./GatewayConfig"
@@ -115,13 +127,11 @@ const serve = (
     const gauges = Operations.gauges(res)
     gauges.waiting()
     // Released when this scope closes; rate and quota units refunded unless generation started.
-    const permit = yield* Effect.tapError(Limits.admit(res, principal, request.preset.id, outcome), () =>
+    const admission = Effect.tapError(Limits.admit(res, principal, request.preset.id, outcome), () =>
       Effect.sync(gauges.refused),
     )
-    gauges.admitted()
-    yield* Scope.addFinalizer(yield* Effect.scope, Effect.sync(gauges.finished))
     // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
-    const hold = yield* Billing.hold(
+    const holding = Billing.hold(
       principal,
       requestId,
       request,
@@ -129,12 +139,63 @@ const serve = (
       (settlement, entry) => Operations.noteSettled(res, settlement, entry),
       Limits.moneyWaitMillis(principal.account, yield* Limits.LimitsConfig),
     )
+    yield* Scope.addFinalizer(yield* Effect.scope, Effect.sync(gauges.finished))
+    const { permit, hold } = yield* admitAndHold(admission, holding, gauges.admitted)
     // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
     const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
     // The permit is committed the moment generation starts: failures before leave no count.
     yield* ChatCompletions.respond(res, requestId, served, outcome, {
       ...Operations.respondHooks(res, () => permit.commit),
       onRevocation: yield* revocation(req, principal),
+    })
+  })
+
+/**
+ * The permit, then the hold — in that order where both decide in memory. Where
+ * both are round trips to Redis (scaled out) they are sent together, in one
+ * write on the shared connection, and their releases likewise (a scope that
+ * closes its finalizers in parallel): one round trip to start a request and
+ * one to end it. The admission's refusal still wins over the hold's, and
+ * whichever of the two succeeded is undone by the scope when the other
+ * refused. What this changes: a request queued for a concurrency slot holds
+ * its money while it waits.
+ */
+const admitAndHold = <P, H, E1, E2, R1, R2>(
+  admission: Effect.Effect<P, E1, R1>,
+  holding: Effect.Effect<H, E2, R2>,
+  onAdmitted: () => void,
+) =>
+  Effect.withFiberRuntime<
+    { readonly permit: P; readonly hold: H },
+    E1 | E2,
+    R1 | R2 | Quota.Quota | BillingService.Billing | Scope.Scope
+  >((fiber) => {
+    const context = fiber.currentContext
+    const quota = Context.unsafeGet(context, Quota.Quota)
+    const billing = Context.unsafeGet(context, BillingService.Billing)
+    if (!quota.remote || billing.reserveNow !== undefined) {
+      return Effect.flatMap(admission, (permit) => {
+        onAdmitted()
+        return Effect.map(holding, (hold) => ({ permit, hold }))
+      })
+    }
+    return Effect.gen(function* () {
+      // Two scopes, closed together by one finalizer: the release and the settlement leave in one write.
+      const scope = Context.unsafeGet(context, Scope.Scope)
+      const limits = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+      const money = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+      yield* Scope.addFinalizerExit(scope, (exit) =>
+        Effect.flatMap(Effect.forkDaemon(Scope.close(money, exit)), (settling) =>
+          Effect.zipRight(Scope.close(limits, exit), Fiber.join(settling)),
+        ),
+      )
+      const held = yield* Effect.fork(Effect.either(Effect.provideService(holding, Scope.Scope, money)))
+      const permit = yield* Effect.either(Effect.provideService(admission, Scope.Scope, limits))
+      const hold = yield* Fiber.join(held)
+      if (Either.isLeft(permit)) return yield* Effect.fail(permit.left)
+      onAdmitted()
+      if (Either.isLeft(hold)) return yield* Effect.fail(hold.left)
+      return { permit: permit.right, hold: hold.right }
     })
   })
 

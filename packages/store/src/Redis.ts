@@ -5,7 +5,7 @@
  * would turn into a burst of stale work after an outage), scripts by SHA with
  * a fallback to EVAL after a Redis restart.
  */
-import { Data, Effect, Redacted, type Scope } from "effect"
+import { Data, Effect, Exit, Redacted, Scope } from "effect"
 import { Redis, type RedisOptions } from "ioredis"
 
 export class RedisFailure extends Data.TaggedError("RedisFailure")<{
@@ -49,6 +49,7 @@ export const scopedClient = (url: string, options: RedisOptions): Effect.Effect<
 export const connect = (
   url: string | Redacted.Redacted,
   commandTimeoutMillis: number,
+  pipelined = false,
 ): Effect.Effect<Redis, never, Scope.Scope> =>
   Effect.gen(function* () {
     const redis = yield* scopedClient(Redacted.isRedacted(url) ? Redacted.value(url) : url, {
@@ -56,6 +57,7 @@ export const connect = (
       maxRetriesPerRequest: 1,
       commandTimeout: commandTimeoutMillis,
       connectTimeout: 2_000,
+      enableAutoPipelining: pipelined,
     })
     yield* Effect.async<void>((resume) => {
       if (redis.status === "ready") return resume(Effect.void)
@@ -71,6 +73,55 @@ export const connect = (
     })
     return redis
   })
+
+const sharedClients = new Map<
+  string,
+  { readonly redis: Redis; readonly scope: Scope.CloseableScope; users: number }
+>()
+
+/**
+ * `connect`, shared in this process by every user of the same URL and
+ * timeout, closed with its last user's scope; commands sent in the same tick
+ * go out in one write (ioredis auto-pipelining). The quota store and the
+ * billing book use it, so that a request's admission and hold, and later its
+ * release and settlement, each cost one round trip when sent together.
+ */
+export const shared = (
+  url: string | Redacted.Redacted,
+  commandTimeoutMillis: number,
+): Effect.Effect<Redis, never, Scope.Scope> => {
+  const key = `${commandTimeoutMillis} ${Redacted.isRedacted(url) ? Redacted.value(url) : url}`
+  return Effect.acquireRelease(
+    Effect.suspend(() => {
+      const existing = sharedClients.get(key)
+      if (existing !== undefined) {
+        existing.users++
+        return Effect.succeed(existing)
+      }
+      return Effect.flatMap(Scope.make(), (scope) =>
+        Effect.map(Scope.extend(connect(url, commandTimeoutMillis, true), scope), (redis) => {
+          // Another user may have connected while this one waited for its connection.
+          const raced = sharedClients.get(key)
+          if (raced !== undefined) {
+            raced.users++
+            Effect.runFork(Scope.close(scope, Exit.void))
+            return raced
+          }
+          const entry = { redis, scope, users: 1 }
+          sharedClients.set(key, entry)
+          return entry
+        }),
+      )
+    }),
+    (entry) =>
+      Effect.suspend(() => {
+        entry.users--
+        if (entry.users > 0) return Effect.void
+        if (sharedClients.get(key) === entry) sharedClients.delete(key)
+        return Scope.close(entry.scope, Exit.void)
+      }),
+  ).pipe(Effect.map((entry) => entry.redis))
+}
 
 const failure = (cause: unknown) =>
   new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })

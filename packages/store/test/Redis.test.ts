@@ -1,0 +1,88 @@
+/**
+ * The shared Redis connection: one per URL and timeout in the process, closed
+ * with its last user, and commands sent in the same tick leave in one write
+ * (what lets a request's admission and hold cost one round trip).
+ */
+import { createHash } from "node:crypto"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Scope } from "effect"
+import type { Redis as Client } from "ioredis"
+import * as Redis from "../src/Redis"
+
+const url = process.env.TEST_REDIS_URL
+const required = process.env.SWARMGATE_REQUIRE_SERVICES === "1"
+if (url === undefined && !required)
+  console.warn("[skip] shared Redis connection: TEST_REDIS_URL is not set, so these tests do not run")
+
+const source = "return ARGV[1]"
+const echo = { source, sha: createHash("sha1").update(source).digest("hex") }
+
+/** Counts the writes on the client's socket while `body` runs. */
+const writesDuring = <A, E>(client: Client, body: Effect.Effect<A, E>) =>
+  Effect.suspend(() => {
+    const stream = (client as unknown as { stream: { write: (...args: Array<unknown>) => boolean } }).stream
+    const write = stream.write
+    let writes = 0
+    stream.write = (...args) => {
+      writes++
+      return write.apply(stream, args)
+    }
+    return Effect.map(
+      Effect.ensuring(
+        body,
+        Effect.sync(() => {
+          stream.write = write
+        }),
+      ),
+      (result) => ({ result, writes }),
+    )
+  })
+
+describe.skipIf(url === undefined && !required)("shared Redis connection", () => {
+  const redisUrl = () => {
+    if (url === undefined) throw new Error("TEST_REDIS_URL is required (SWARMGATE_REQUIRE_SERVICES=1)")
+    return url
+  }
+
+  it.live("users of one URL share one client, which closes with the last of them", () =>
+    Effect.gen(function* () {
+      const first = yield* Scope.make()
+      const second = yield* Scope.make()
+      const a = yield* Scope.extend(Redis.shared(redisUrl(), 1_000), first)
+      const b = yield* Scope.extend(Redis.shared(redisUrl(), 1_000), second)
+      expect(b).toBe(a)
+      yield* Scope.close(first, Exit.void)
+      expect(a.status).toBe("ready")
+      expect(yield* Redis.command(() => a.ping())).toBe("PONG")
+      yield* Scope.close(second, Exit.void)
+      expect((yield* Effect.either(Redis.command(() => a.ping())))._tag).toBe("Left")
+      // A new user after the last one left gets a new connection.
+      const again = yield* Effect.scoped(
+        Effect.flatMap(Redis.shared(redisUrl(), 1_000), (c) => Effect.succeed(c)),
+      )
+      expect(again).not.toBe(a)
+    }),
+  )
+
+  it.live("scripts run together go out in one write; in turn, one write each", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const client = yield* Redis.shared(redisUrl(), 1_000)
+        // Loads the script (the first call falls back to EVAL), so both runs below are EVALSHA.
+        yield* Redis.run(client, echo, [], ["warm"])
+        const together = yield* writesDuring(
+          client,
+          Effect.all([Redis.run(client, echo, [], ["a"]), Redis.run(client, echo, [], ["b"])], {
+            concurrency: 2,
+          }),
+        )
+        expect(together).toEqual({ result: ["a", "b"], writes: 1 })
+        const inTurn = yield* writesDuring(
+          client,
+          Effect.zip(Redis.run(client, echo, [], ["a"]), Redis.run(client, echo, [], ["b"])),
+        )
+        expect(inTurn).toEqual({ result: ["a", "b"], writes: 2 })
+      }),
+    ),
+  )
+})
