@@ -76,13 +76,30 @@ try {
   }
 } catch {}
 
-// Round trips: writes on sockets to the Redis port (a pipeline of commands is one write, one trip).
+// Round trips: writes on sockets to the Redis port (a pipeline of commands is one write, one trip),
+// each named by what it carries: the scripts (by SHA, named in BENCH_REDIS_SCRIPTS by the bench) or
+// else the commands, e.g. `quota.admit + billing.reserve`.
 const redisPort = Number(new URL(process.env.REDIS_URL || "redis://127.0.0.1:6379").port || 6379)
+const scriptNames = JSON.parse(process.env.BENCH_REDIS_SCRIPTS || "{}")
+let redisWritesBy = {}
+const carried = (chunk) => {
+  const text = typeof chunk === "string" ? chunk : Buffer.isBuffer(chunk) ? chunk.toString("latin1") : ""
+  const names = new Set()
+  for (const sha of text.match(/\b[0-9a-f]{40}\b/g) ?? [])
+    names.add(scriptNames[sha] ?? `script ${sha.slice(0, 8)}`)
+  if (names.size === 0)
+    for (const m of text.matchAll(/\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n/g)) names.add(m[1].toLowerCase())
+  return [...names].sort().join(" + ") || "?"
+}
 {
   const { Socket } = require("node:net")
   const write = Socket.prototype.write
   Socket.prototype.write = function (...args) {
-    if (this.remotePort === redisPort) counts.redisWrites++
+    if (this.remotePort === redisPort) {
+      counts.redisWrites++
+      const what = carried(args[0])
+      redisWritesBy[what] = (redisWritesBy[what] ?? 0) + 1
+    }
     return write.apply(this, args)
   }
 }
@@ -95,7 +112,8 @@ new PerformanceObserver((list) => {
 }).observe({ entryTypes: ["gc"] })
 
 process.on("SIGUSR2", () => {
-  process.stderr.write(`BENCH-COUNTS ${JSON.stringify({ ...counts, redisByName })}\n`)
+  process.stderr.write(`BENCH-COUNTS ${JSON.stringify({ ...counts, redisByName, redisWritesBy })}\n`)
   for (const key of Object.keys(counts)) counts[key] = 0
   redisByName = {}
+  redisWritesBy = {}
 })

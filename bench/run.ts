@@ -828,8 +828,8 @@ const targets = (
   for (const c of counts.filter((c) => c.mode === "scaled out"))
     out.push({
       target: `scaled out: ≤ 2 Redis round trips per request (${c.stream ? "SSE" : "JSON"})`,
-      measured: `${fmt(c.redisTrips, 2)} round trips (${fmt(c.redis, 2)} commands) per request`,
-      met: c.redisTrips <= 2,
+      measured: `${fmt(c.requestPathTrips, 2)} round trips on the request path, ${fmt(c.redisTrips - c.requestPathTrips, 2)} behind it (ledger writer, batch renewals); ${fmt(c.redis, 2)} commands per request`,
+      met: c.requestPathTrips <= 2,
     })
   for (const mode of ["json", "sse-20", "sse-200"]) {
     const g = get(mode, "swarmgate")
@@ -927,12 +927,44 @@ interface CountRow {
   readonly redisTrips: number
   /** Redis commands per request by name. */
   readonly redisByName: Readonly<Record<string, number>>
+  /** Round trips per request by what they carry (scripts by name, or commands). */
+  readonly redisTripsBy: Readonly<Record<string, number>>
+  /** Round trips that carry a request's own scripts (admission, hold, release, settlement, their renewals). */
+  readonly requestPathTrips: number
   readonly gc: number
   readonly gcMicros: number
   readonly cpuMicros: number
 }
 
 const COUNTED = 400
+
+/** The scripts one request runs itself; everything else (the ledger writer, batch renewals) runs behind. */
+const REQUEST_PATH_SCRIPTS = new Set([
+  "quota.admit",
+  "quota.poll",
+  "quota.commit",
+  "quota.release",
+  "quota.renew",
+  "billing.reserve",
+  "billing.settle",
+  "billing.voidHold",
+])
+
+/** SHA → `package.script` of every Lua script, so that the counters can name what each round trip carries. */
+const redisScriptNames = async (): Promise<Record<string, string>> => {
+  const names: Record<string, string> = {}
+  for (const [pkg, file] of [
+    ["quota", "packages/quota/src/internal/Scripts.ts"],
+    ["billing", "packages/billing/src/internal/RedisScripts.ts"],
+  ] as const) {
+    const module: Record<string, unknown> = await import(join(REPO_ROOT, file))
+    for (const [name, value] of Object.entries(module)) {
+      const sha = (value as { sha?: unknown } | null)?.sha
+      if (typeof sha === "string") names[sha] = `${pkg}.${name}`
+    }
+  }
+  return names
+}
 
 /** PostgreSQL and Redis for the scaled-out mode: a database made for this run, a key prefix of its own. */
 const scaledOut = async () => {
@@ -986,6 +1018,7 @@ const countRequests = async (
       SWARMGATE_NODES_FILE: nodes,
       LOG_LEVEL: "warn",
       SWARMGATE_PRESETS: JSON.stringify({ "swarm-prime": { strategy: "single" } }),
+      BENCH_REDIS_SCRIPTS: JSON.stringify(await redisScriptNames()),
       ...env,
     },
   })
@@ -1020,6 +1053,7 @@ const countRequests = async (
         if (line !== undefined)
           return JSON.parse(line.slice("BENCH-COUNTS ".length)) as Record<string, number> & {
             readonly redisByName?: Record<string, number>
+            readonly redisWritesBy?: Record<string, number>
           }
         await new Promise((r) => setTimeout(r, 20))
       }
@@ -1035,6 +1069,12 @@ const countRequests = async (
     const cpu = cpuMicrosOf(pid) - cpuBefore
     const c = await snapshot()
     const per = (n: number | undefined) => (n ?? 0) / COUNTED
+    const perName = (byName: Record<string, number> | undefined) =>
+      Object.fromEntries(
+        Object.entries(byName ?? {})
+          .map(([name, n]) => [name, Math.round((n / COUNTED) * 100) / 100] as const)
+          .sort((a, b) => b[1] - a[1]),
+      )
     return {
       mode,
       stream,
@@ -1045,10 +1085,12 @@ const countRequests = async (
       sql: per(c.sql),
       redis: per(c.redis),
       redisTrips: per(c.redisWrites),
-      redisByName: Object.fromEntries(
-        Object.entries(c.redisByName ?? {})
-          .map(([name, n]) => [name, Math.round((n / COUNTED) * 100) / 100] as const)
-          .sort((a, b) => b[1] - a[1]),
+      redisByName: perName(c.redisByName),
+      redisTripsBy: perName(c.redisWritesBy),
+      requestPathTrips: per(
+        Object.entries(c.redisWritesBy ?? {})
+          .filter(([what]) => what.split(" + ").some((name) => REQUEST_PATH_SCRIPTS.has(name)))
+          .reduce((sum, [, n]) => sum + n, 0),
       ),
       gc: per(c.gc),
       gcMicros: per((c.gcMillis ?? 0) * 1000),
@@ -1074,7 +1116,9 @@ const countsTable = (rows: ReadonlyArray<CountRow>) =>
         (r) =>
           `Redis commands per request, ${r.mode} ${r.stream ? "SSE" : "JSON"}: ${Object.entries(r.redisByName)
             .map(([name, n]) => `${name} ${n}`)
-            .join(", ")}.`,
+            .join(", ")}. Round trips by what they carry: ${Object.entries(r.redisTripsBy)
+            .map(([what, n]) => `${what} ${n}`)
+            .join("; ")}.`,
       ),
   ].join("\n")
 
