@@ -22,7 +22,7 @@ import {
   Scope,
 } from "effect"
 import { type Entry, type NodePool, openOn, type Slot } from "./NodePool"
-import { type NodeEvent, NodeFailure, type NodePull, type NodeRequest } from "./NodeTransport"
+import { type NodeEvent, NodeFailure, type NodeNext, type NodePull, type NodeRequest } from "./NodeTransport"
 import type { Preset } from "./Presets"
 
 export interface AttemptOptions {
@@ -158,6 +158,8 @@ export interface Attempt {
   readonly startedAt: number
   /** Set once the node is open. */
   pull: NodePull | undefined
+  /** `pull` by callback, for nodes started by callback. */
+  next: NodeNext | undefined
   /** Interrupts the attempt's first pull if it still runs. */
   cancel: () => void
   /** The first pull has reported. */
@@ -186,6 +188,7 @@ export const launch = (
       scope,
       startedAt,
       pull: undefined,
+      next: undefined,
       cancel: () => undefined,
       reported: false,
       begin: () => undefined,
@@ -203,6 +206,7 @@ export const launch = (
       attempt.begin = () => {
         const started = begin(request, deliver)
         attempt.pull = started.pull
+        attempt.next = started.next
         attempt.cancel = started.stop
         stopNode = started.stop
       }
@@ -243,7 +247,9 @@ export const close = (attempt: Attempt): Effect.Effect<void> =>
  * The winning stream: its first chunk, then the rest pulled as it comes.
  * Failures count against the node; when the attempt's scope closes without
  * one (the end, or the reader stopping early at the token cap) the speed
- * seen so far is recorded. One pull per chunk, no stream stages per event.
+ * seen so far is recorded. One pull per chunk, no stream stages per event;
+ * `next` is the same sequence by callback, for a node that enforces its idle
+ * limit itself and was started by callback (HTTP nodes).
  */
 export const winner = (
   attempt: Attempt,
@@ -251,7 +257,7 @@ export const winner = (
   first: Chunk.Chunk<NodeEvent>,
   idleTimeoutMillis: number,
   now: () => number,
-): Effect.Effect<NodePull> => {
+): Effect.Effect<{ readonly pull: NodePull; readonly next: NodeNext | undefined }> => {
   const { slot } = attempt
   let chars = 0
   let failed = false
@@ -281,6 +287,29 @@ export const winner = (
     pending = undefined
     return Effect.succeed(chunk)
   })
+  const sourceNext = attempt.next
+  const byCallback: NodeNext | undefined =
+    sourceNext === undefined || slot.entry.node.enforcesIdleTimeout !== true
+      ? undefined
+      : (done) => {
+          if (pending !== undefined) {
+            const chunk = pending
+            pending = undefined
+            done(Exit.succeed(chunk))
+            return () => undefined
+          }
+          return sourceNext((exit) => {
+            if (Exit.isSuccess(exit)) see(exit.value)
+            else {
+              const error = Cause.failureOption(exit.cause)
+              if (Option.isSome(error) && Option.isSome(error.value)) {
+                failed = true
+                slot.entry.health.failure(now(), error.value.value.reason, slot.trial)
+              }
+            }
+            done(exit)
+          })
+        }
   return Effect.as(
     Scope.addFinalizer(
       attempt.scope,
@@ -289,7 +318,7 @@ export const winner = (
         if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now() - firstAt)
       }),
     ),
-    pull,
+    { pull, next: byCallback },
   )
 }
 

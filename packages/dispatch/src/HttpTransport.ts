@@ -20,6 +20,7 @@ import {
   type NodeEvent,
   NodeFailure,
   type NodeMessage,
+  type NodeNext,
   type NodePull,
   type NodeRequest,
   type NodeStart,
@@ -117,6 +118,10 @@ interface ChoiceChunk {
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
 const ended: NodePull = Effect.fail(Option.none())
+const endedNext: NodeNext = (done) => {
+  done(Exit.fail(Option.none()))
+  return () => undefined
+}
 
 /** Reads at most `limit` bytes of a body, then drops the rest (the connection is not reused). */
 const readPrefix = (
@@ -348,9 +353,16 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     let stopped = false
     let timedOut = false
     let rest: NodePull = ended
+    let restNext: NodeNext = endedNext
     let cancelWait = () => undefined as unknown
     const first = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
-      if (Exit.isFailure(exit)) rest = exit
+      if (Exit.isFailure(exit)) {
+        rest = exit
+        restNext = (done) => {
+          done(exit)
+          return () => undefined
+        }
+      }
       if (!stopped) onFirst(exit)
     }
     const failed = (reason: string) => first(Exit.fail(Option.some(failure(reason))))
@@ -407,6 +419,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
           complete = true
         })
         rest = reader.pull
+        restNext = (done) => reader.next(done)
         cancelWait = reader.next(first)
       },
       (error: unknown) => {
@@ -420,6 +433,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     )
     return {
       pull: Effect.suspend(() => rest),
+      next: (done) => restNext(done),
       stop: () => {
         if (stopped) return
         stopped = true

@@ -58,10 +58,21 @@ export class NodeFailure extends Data.TaggedError("NodeFailure")<{
   readonly reason: string
 }> {}
 
+/**
+ * A pull by callback: calls `done` once with the next chunk, the end
+ * (`None`) or the failure; returns the cancel. What the gateway reads a
+ * winning HTTP node with, so a streamed token costs no Effect step.
+ */
+export type NodeNext = (
+  done: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+) => () => void
+
 /** An answer started by `SwarmNode.begin`. */
 export interface NodeStart {
   /** The events after the first ones reported. */
   readonly pull: NodePull
+  /** `pull` by callback (read one or the other). */
+  readonly next?: NodeNext | undefined
   /** Ends the answer: aborts the node unless it already finished. Idempotent. */
   readonly stop: () => void
 }

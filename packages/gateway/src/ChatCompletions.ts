@@ -5,7 +5,14 @@
  * started they become its last event (spec §6).
  */
 import type { ServerResponse } from "node:http"
-import { Dispatcher, type NodeFailure, type NodePull, Timers } from "@swarmgate/dispatch"
+import {
+  Dispatcher,
+  type NodeEvent,
+  type NodeFailure,
+  type NodeNext,
+  type NodePull,
+  Timers,
+} from "@swarmgate/dispatch"
 import {
   type ApiError,
   type CapacityExhausted,
@@ -18,7 +25,7 @@ import {
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Context, Effect, Either, FiberId, Option, Scope } from "effect"
+import { Cause, type Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
 import { GatewayConfig } from "./GatewayConfig"
 import type { NormalizedRequest } from "./RequestPolicy"
 
@@ -135,6 +142,93 @@ const runEvents = (
       if (deltas.length > 0 && onText !== undefined) yield* onText(deltas)
     }
     return finishOf(text, nodeFinish)
+  })
+
+const noop = () => undefined
+
+/**
+ * `runEvents` by callback, for a node that offers `next` (HTTP nodes): one
+ * `Effect.async` for the whole answer, each chunk handled by plain calls, so
+ * a streamed token costs no Effect step. `onText` writes and says whether
+ * the socket took it all; when not, the next read waits for `drain`, so a
+ * slow client slows the node instead of filling memory.
+ */
+const pushEvents = (
+  next: NodeNext,
+  text: CappedText,
+  res: ServerResponse,
+  onText: ((deltas: ReadonlyArray<string>) => boolean) | undefined,
+) =>
+  Effect.async<FinishReason, UpstreamError>((resume) => {
+    let nodeFinish: "stop" | "length" | undefined
+    let over = false
+    let cancel: () => void = noop
+    let offDrain: () => void = noop
+    const end = (result: Effect.Effect<FinishReason, UpstreamError>) => {
+      over = true
+      resume(result)
+    }
+    const step = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>): void => {
+      cancel = noop
+      if (over) return
+      if (Exit.isFailure(exit)) {
+        const error = Cause.failureOption(exit.cause)
+        end(
+          Option.isSome(error) && Option.isSome(error.value)
+            ? Effect.fail(broke(error.value.value))
+            : Effect.succeed(finishOf(text, nodeFinish)),
+        )
+        return
+      }
+      const deltas: Array<string> = []
+      for (const event of exit.value) {
+        if (event._tag === "Finish") {
+          nodeFinish = event.reason
+          continue
+        }
+        const allowed = text.add(event.text)
+        if (allowed.length > 0) deltas.push(allowed)
+        if (text.capped) break
+      }
+      const took = deltas.length > 0 && onText !== undefined ? onText(deltas) : true
+      if (text.capped) {
+        end(Effect.succeed(finishOf(text, nodeFinish)))
+        return
+      }
+      if (took) {
+        read()
+        return
+      }
+      const drained = () => {
+        offDrain()
+        read()
+      }
+      res.on("drain", drained)
+      res.on("close", drained)
+      offDrain = () => {
+        offDrain = noop
+        res.off("drain", drained)
+        res.off("close", drained)
+      }
+    }
+    const read = () => {
+      // A chunk ready at once is handled after `next` returns, so that its cancel is never lost.
+      let early: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined
+      let sync = true
+      const stop = next((exit) => {
+        if (sync) early = exit
+        else step(exit)
+      })
+      sync = false
+      if (early !== undefined) step(early)
+      else cancel = stop
+    }
+    read()
+    return Effect.sync(() => {
+      over = true
+      cancel()
+      offDrain()
+    })
   })
 
 const usageJson = (prompt: number, completion: number) =>
@@ -255,7 +349,9 @@ export const respond = (
       // The drain may end a running answer; a request not yet started is the drain's own to refuse.
       if (hooks.onHalt !== undefined) offHalt = hooks.onHalt(() => stop("halted"))
       if (!request.stream) {
-        const finish = yield* runEvents(run.pull, text, undefined)
+        const finish = yield* run.next !== undefined
+          ? pushEvents(run.next, text, res, undefined)
+          : runEvents(run.pull, text, undefined)
         outcome.finishReason = finish
         const completionTokens = Tokens.count(text.text)
         outcome.completionTokens = completionTokens
@@ -291,12 +387,18 @@ export const respond = (
       }
 
       yield* send(chunk('{"role":"assistant","content":""}', "null"))
+      const deltasData = (deltas: ReadonlyArray<string>) => {
+        let data = ""
+        for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
+        return data
+      }
       const finished = yield* Effect.either(
-        runEvents(run.pull, text, (deltas) => {
-          let data = ""
-          for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
-          return send(data)
-        }),
+        run.next !== undefined
+          ? pushEvents(run.next, text, res, (deltas) => {
+              alive.lastWrite = Date.now()
+              return res.write(deltasData(deltas))
+            })
+          : runEvents(run.pull, text, (deltas) => send(deltasData(deltas))),
       )
       if (finished._tag === "Left") {
         outcome.status = "upstream_error"

@@ -211,10 +211,8 @@ export const single = (
             attempt.slot.entry.health.succeeded()
             return runOf(attempt.slot.entry.node.id, ended)
           }
-          return runOf(
-            attempt.slot.entry.node.id,
-            yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis, clockNow),
-          )
+          const won = yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis, clockNow)
+          return runOf(attempt.slot.entry.node.id, won.pull, won.next)
         }
         yield* failed(attempt, outcome.failure, at)
         if (running.length > 0) continue

@@ -7,7 +7,7 @@ import { Stream } from "effect"
 import type { AttemptOptions } from "../Attempt"
 import type { Vote } from "../BradleyTerry"
 import type { NodePool } from "../NodePool"
-import type { NodeEvent, NodeFailure, NodePull } from "../NodeTransport"
+import type { NodeEvent, NodeFailure, NodeNext, NodePull } from "../NodeTransport"
 import type { Preset } from "../Presets"
 
 export interface NodeRun {
@@ -19,13 +19,16 @@ export interface NodeRun {
    * or `events`, not both: they are one sequence.
    */
   readonly pull: NodePull
+  /** `pull` by callback, when the node offers it (read one or the other). */
+  readonly next?: NodeNext | undefined
   /** `pull` as a stream. */
   readonly events: Stream.Stream<NodeEvent, NodeFailure>
 }
 
-export const runOf = (nodeId: string, pull: NodePull): NodeRun => ({
+export const runOf = (nodeId: string, pull: NodePull, next?: NodeNext): NodeRun => ({
   nodeId,
   pull,
+  next,
   // Built on first use: the gateway reads `pull`, and a stream per request is garbage for nothing.
   get events() {
     return Stream.repeatEffectChunkOption(pull)
