@@ -21,6 +21,7 @@ import {
   Runtime,
   Scope,
 } from "effect"
+import * as Finalizers from "./Finalizers"
 import { type Entry, type NodePool, openOn, type Slot } from "./NodePool"
 import { type NodeEvent, NodeFailure, type NodeNext, type NodePull, type NodeRequest } from "./NodeTransport"
 import type { Preset } from "./Presets"
@@ -151,10 +152,15 @@ export const classify = (
   }
 }
 
-/** An attempt on a held slot. Its slot and node stream live in `scope`, closed when it loses or fails. */
+/**
+ * An attempt on a held slot, released when it loses or fails, or with the
+ * request: its slot (and a node started by callback) in `held`, plain
+ * cleanups; the stream of a node opened by Effect in `scope`.
+ */
 export interface Attempt {
   readonly slot: Slot
-  readonly scope: Scope.CloseableScope
+  readonly held: Finalizers.Group
+  scope: Scope.CloseableScope | undefined
   readonly startedAt: number
   /** Set once the node is open. */
   pull: NodePull | undefined
@@ -169,9 +175,11 @@ export interface Attempt {
 }
 
 /**
- * Prepares an attempt on `slot`: a child scope of `parent` holds the slot
- * and the node stream; `begin` runs the open and the first pull on a
- * detached fiber of `runtime`, which reports its exit to `report` exactly once.
+ * Prepares an attempt on `slot`, released with `parent` unless it ends
+ * first. `begin` starts the node: by callback when it has `begin` (no fiber,
+ * no scope: its release is a plain cleanup), else the open and the first
+ * pull on a detached fiber of `runtime`, its stream in a child scope. Either
+ * way the first events (or the failure) reach `report` exactly once.
  */
 export const launch = (
   pool: NodePool,
@@ -182,10 +190,11 @@ export const launch = (
   startedAt: number,
   report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
 ): Effect.Effect<Attempt> =>
-  Effect.flatMap(Scope.fork(parent, ExecutionStrategy.sequential), (scope) => {
+  Effect.flatMap(Finalizers.group(parent), (held) => {
     const attempt: Attempt = {
       slot,
-      scope,
+      held,
+      scope: undefined,
       startedAt,
       pull: undefined,
       next: undefined,
@@ -200,6 +209,11 @@ export const launch = (
     }
     const node = slot.entry.node
     let stopNode: (() => void) | undefined
+    // Runs last: the node stopped (unless it finished), the slot freed.
+    held.add(() => {
+      stopNode?.()
+      pool.release(slot)
+    })
     if (node.begin !== undefined) {
       // The node reports by callback: no fiber for the attempt at all.
       const begin = node.begin
@@ -210,7 +224,11 @@ export const launch = (
         attempt.cancel = started.stop
         stopNode = started.stop
       }
-    } else {
+      return Effect.succeed(attempt)
+    }
+    // Added to `parent` after `held`, so the stream is closed before the slot is freed.
+    return Effect.map(Scope.fork(parent, ExecutionStrategy.sequential), (scope) => {
+      attempt.scope = scope
       const first = Effect.flatMap(openOn(node, request, scope), (pull) => {
         attempt.pull = pull
         return firstNonEmpty(pull)
@@ -222,25 +240,19 @@ export const launch = (
         }
         fiber.addObserver(deliver)
       }
-    }
-    // One finalizer when the attempt's scope closes: the node stopped (unless it finished), the slot freed.
-    return Effect.as(
-      Scope.addFinalizer(
-        scope,
-        Effect.sync(() => {
-          stopNode?.()
-          pool.release(slot)
-        }),
-      ),
-      attempt,
-    )
+      return attempt
+    })
   })
 
 /** Ends an attempt that lost or failed: its first pull stopped, its node stream and slot freed. */
 export const close = (attempt: Attempt): Effect.Effect<void> =>
   Effect.suspend(() => {
     attempt.cancel()
-    return Scope.close(attempt.scope, Exit.void)
+    if (attempt.scope === undefined) {
+      attempt.held.close()
+      return Effect.void
+    }
+    return Effect.zipRight(Scope.close(attempt.scope, Exit.void), Effect.sync(attempt.held.close))
   })
 
 /**
@@ -310,16 +322,11 @@ export const winner = (
             done(exit)
           })
         }
-  return Effect.as(
-    Scope.addFinalizer(
-      attempt.scope,
-      Effect.sync(() => {
-        // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.
-        if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now() - firstAt)
-      }),
-    ),
-    { pull, next: byCallback },
-  )
+  attempt.held.add(() => {
+    // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.
+    if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now() - firstAt)
+  })
+  return Effect.succeed({ pull, next: byCallback })
 }
 
 // --- a whole answer (consensus authors and judges) --------------------------------------------

@@ -1,5 +1,6 @@
 export * as Consensus from "./Consensus"
 export * as Dispatcher from "./Dispatcher"
+export * as Finalizers from "./Finalizers"
 export * as HttpTransport from "./HttpTransport"
 export * as NodeHealth from "./NodeHealth"
 export * as NodesFile from "./NodesFile"

@@ -6,6 +6,7 @@
  */
 import type { Principal } from "@swarmgate/auth"
 import { Billing, type Ledger } from "@swarmgate/billing"
+import { Finalizers } from "@swarmgate/dispatch"
 import { AdmissionUnavailable } from "@swarmgate/protocol"
 import { Cause, Clock, Context, Effect, Either, Exit, Option, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
@@ -118,20 +119,18 @@ export const hold = (
       const now = reserveNow(input, clock.unsafeCurrentTimeMillis())
       if (now !== undefined) {
         if (Either.isLeft(now)) return Effect.fail(now.left)
-        // Scope.addFinalizerExit, not acquireRelease: no fiber-ref diff and patch per request.
+        // A plain cleanup, not acquireRelease: no fiber-ref diff and patch, no Effect step per request.
         return Effect.as(
-          Scope.addFinalizerExit(scope, (exit) =>
-            Effect.sync(() => {
-              const ended = usageOutcome(outcome, exit)
-              if (ended === "void") {
-                voidNow(requestId)
-                return
-              }
-              const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
-              const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
-              onSettled?.(settlement, entry)
-            }),
-          ),
+          Finalizers.add(scope, (exit) => {
+            const ended = usageOutcome(outcome, exit)
+            if (ended === "void") {
+              voidNow(requestId)
+              return
+            }
+            const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+            const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
+            onSettled?.(settlement, entry)
+          }),
           now.right,
         )
       }

@@ -7,6 +7,7 @@
 import type { ServerResponse } from "node:http"
 import {
   Dispatcher,
+  Finalizers,
   type NodeEvent,
   type NodeFailure,
   type NodeNext,
@@ -320,20 +321,17 @@ export const respond = (
       res.end(rendered.body)
     }
 
-    // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
-    const cleanup = Scope.addFinalizer(
-      Context.unsafeGet(context, Scope.Scope),
-      Effect.sync(() => {
-        cancelDeadline()
-        offHalt?.()
-        offKeepAlive?.()
-        offRevocation?.()
-        if (stopped !== undefined) writeStopped(stopped)
-        // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
-        else if (outcome.started && outcome.status === "pending")
-          outcome.completionTokens = Tokens.count(text.text)
-      }),
-    )
+    // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
+    const cleanup = Finalizers.add(Context.unsafeGet(context, Scope.Scope), () => {
+      cancelDeadline()
+      offHalt?.()
+      offKeepAlive?.()
+      offRevocation?.()
+      if (stopped !== undefined) writeStopped(stopped)
+      // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
+      else if (outcome.started && outcome.status === "pending")
+        outcome.completionTokens = Tokens.count(text.text)
+    })
 
     const answer = Effect.gen(function* () {
       const run = yield* dispatcher.run(request.preset, {

@@ -7,7 +7,7 @@
  */
 import type { ServerResponse } from "node:http"
 import type { Account, Principal } from "@swarmgate/auth"
-import { Dispatcher } from "@swarmgate/dispatch"
+import { Dispatcher, Finalizers } from "@swarmgate/dispatch"
 import type { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
 import { Quota } from "@swarmgate/quota"
 import { Clock, Config, ConfigError, Context, Effect, Either, Layer, Option, Redacted, Scope } from "effect"
@@ -225,16 +225,13 @@ export const admit = (
     const { permit } = now
     setRateHeaders(res, permit.rates)
     return Effect.as(
-      Scope.addFinalizer(
-        Context.unsafeGet(context, Scope.Scope),
-        Effect.sync(() => {
-          // A request that started counts even if nothing committed it yet.
-          if (outcome.started) permit.commit()
-          // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
-          if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
-          permit.release()
-        }),
-      ),
+      Finalizers.add(Context.unsafeGet(context, Scope.Scope), () => {
+        // A request that started counts even if nothing committed it yet.
+        if (outcome.started) permit.commit()
+        // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
+        if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
+        permit.release()
+      }),
       { rates: permit.rates, commit: Effect.sync(permit.commit), isCommitted: Effect.sync(permit.committed) },
     )
   })

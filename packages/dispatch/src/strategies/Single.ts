@@ -11,7 +11,7 @@
  * race, timeout or fork-join per request.
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { type Chunk, Effect, type Exit, type Option, Scope } from "effect"
+import { type Chunk, Effect, type Exit, type Option, type Scope } from "effect"
 import {
   type Attempt,
   alarmOn,
@@ -24,6 +24,7 @@ import {
   timedOut,
   winner,
 } from "../Attempt"
+import * as Finalizers from "../Finalizers"
 import type { Entry } from "../NodePool"
 import type { NodeEvent, NodeFailure, NodeRequest } from "../NodeTransport"
 import type { Preset } from "../Presets"
@@ -110,13 +111,10 @@ export const single = (
       })
     }
     // A request that ends (or is interrupted) stops its alarm and first pulls still running.
-    yield* Scope.addFinalizer(
-      parent,
-      Effect.sync(() => {
-        stopAlarm()
-        for (const attempt of running) attempt.cancel()
-      }),
-    )
+    yield* Finalizers.add(parent, () => {
+      stopAlarm()
+      for (const attempt of running) attempt.cancel()
+    })
 
     const start = (waitMillis: number) =>
       pool.claim(

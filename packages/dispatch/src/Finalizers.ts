@@ -1,0 +1,111 @@
+/**
+ * Plain cleanups for a scope, run together by one of its finalizers: a
+ * synchronous release (a permit, a hold, a slot, an alarm) then costs no
+ * Effect step and no scope bookkeeping of its own — on the request path,
+ * where every step is paid per request.
+ *
+ * The scope's order holds: cleanups added one after another share one
+ * finalizer and run newest first; a finalizer added to the scope itself in
+ * between starts a new group after it, so everything still runs in the
+ * reverse order of its adding. Each runs even if an earlier one threw (the
+ * first error is rethrown after, as a defect). One added after the scope
+ * closed runs at once.
+ */
+import { Effect, type Exit, Scope } from "effect"
+
+export type Cleanup = (exit: Exit.Exit<unknown, unknown>) => void
+
+type Finalizer = (exit: Exit.Exit<unknown, unknown>) => Effect.Effect<void>
+
+interface Segment {
+  readonly list: Array<Cleanup>
+  readonly finalizer: Finalizer
+  /** Set once the segment ran. */
+  exit: Exit.Exit<unknown, unknown> | undefined
+}
+
+const segments = new WeakMap<Scope.Scope, Segment>()
+
+/**
+ * The scope's own finalizers, newest last, where Effect keeps them (an
+ * insertion-ordered map). Only read, to see whether anything was added after
+ * a segment; when it cannot be read, every cleanup gets its own finalizer.
+ */
+const finalizersOf = (scope: Scope.Scope): Map<unknown, unknown> | undefined => {
+  const state = (scope as unknown as { state?: { _tag?: unknown; finalizers?: unknown } }).state
+  return state?._tag === "Open" && state.finalizers instanceof Map ? state.finalizers : undefined
+}
+
+const isLast = (map: Map<unknown, unknown>, finalizer: Finalizer) => {
+  let last: unknown
+  for (const value of map.values()) last = value
+  return last === finalizer
+}
+
+const runAll = <A>(list: Array<(a: A) => void>, a: A) => {
+  let error: unknown
+  let threw = false
+  for (let i = list.length - 1; i >= 0; i--) {
+    try {
+      list[i]!(a)
+    } catch (e) {
+      if (!threw) error = e
+      threw = true
+    }
+  }
+  list.length = 0
+  if (threw) throw error
+}
+
+/** Adds `cleanup` to the plain cleanups of `scope`. */
+export const add = (scope: Scope.Scope, cleanup: Cleanup): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const current = segments.get(scope)
+    if (current !== undefined) {
+      if (current.exit !== undefined) return Effect.sync(() => cleanup(current.exit!))
+      const map = finalizersOf(scope)
+      if (map !== undefined && isLast(map, current.finalizer)) {
+        current.list.push(cleanup)
+        return Effect.void
+      }
+    }
+    const list = [cleanup]
+    const segment: Segment = {
+      list,
+      exit: undefined,
+      finalizer: (exit) =>
+        Effect.sync(() => {
+          segment.exit = exit
+          runAll(list, exit)
+        }),
+    }
+    segments.set(scope, segment)
+    return Scope.addFinalizerExit(scope, segment.finalizer)
+  })
+
+/** Cleanups released together, early or with the scope they were made in (an attempt's slot and stream). */
+export interface Group {
+  /** Adds a cleanup; once the group was closed, runs it at once. */
+  readonly add: (cleanup: () => void) => void
+  /** Runs the group's cleanups now, newest first; later calls, and the scope's close, do nothing. */
+  readonly close: () => void
+}
+
+export const group = (scope: Scope.Scope): Effect.Effect<Group> =>
+  Effect.suspend(() => {
+    const list: Array<() => void> = []
+    let closed = false
+    const close = () => {
+      if (closed) return
+      closed = true
+      runAll(list, undefined)
+    }
+    const made: Group = {
+      add: (cleanup) => {
+        if (closed) cleanup()
+        else list.push(cleanup)
+      },
+      close,
+    }
+    return Effect.as(add(scope, close), made)
+  })

@@ -1,0 +1,87 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Cause, Effect, ExecutionStrategy, Exit, FiberId, Scope } from "effect"
+import * as Finalizers from "../src/Finalizers"
+
+describe("Finalizers", () => {
+  it.effect("plain cleanups and the scope's own finalizers run in the reverse order of their adding", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const ran: Array<string> = []
+      const own = (name: string) =>
+        Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran.push(name)),
+        )
+      const plain = (name: string) => Finalizers.add(scope, () => ran.push(name))
+      yield* own("own 1")
+      yield* plain("plain 1")
+      yield* plain("plain 2")
+      yield* own("own 2")
+      yield* plain("plain 3")
+      const child = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+      yield* Scope.addFinalizer(
+        child,
+        Effect.sync(() => ran.push("child")),
+      )
+      yield* plain("plain 4")
+      yield* Scope.close(scope, Exit.void)
+      expect(ran).toEqual(["plain 4", "child", "plain 3", "own 2", "plain 2", "plain 1", "own 1"])
+    }),
+  )
+
+  it.effect("cleanups added together share one finalizer of the scope", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      for (let i = 0; i < 5; i++) yield* Finalizers.add(scope, () => undefined)
+      const finalizers = (scope as unknown as { state: { finalizers: Map<unknown, unknown> } }).state
+        .finalizers
+      expect(finalizers.size).toBe(1)
+      yield* Scope.close(scope, Exit.void)
+    }),
+  )
+
+  it.effect("each cleanup gets the scope's exit and runs even if an earlier one threw", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const seen: Array<string> = []
+      yield* Finalizers.add(scope, (exit) => seen.push(Exit.isInterrupted(exit) ? "interrupted" : "other"))
+      yield* Finalizers.add(scope, () => {
+        throw new Error("boom")
+      })
+      yield* Finalizers.add(scope, () => seen.push("last added, first run"))
+      const closed = yield* Effect.exit(Scope.close(scope, Exit.interrupt(FiberId.none)))
+      expect(seen).toEqual(["last added, first run", "interrupted"])
+      expect(Exit.isFailure(closed) && Cause.isDie(closed.cause)).toBe(true)
+    }),
+  )
+
+  it.effect("a cleanup added after the scope closed runs at once", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      yield* Finalizers.add(scope, () => undefined)
+      yield* Scope.close(scope, Exit.void)
+      let ran = false
+      yield* Finalizers.add(scope, () => {
+        ran = true
+      })
+      expect(ran).toBe(true)
+    }),
+  )
+
+  it.effect("a group closes once: early, or with its scope", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const ran: Array<string> = []
+      const early = yield* Finalizers.group(scope)
+      early.add(() => ran.push("early a"))
+      early.add(() => ran.push("early b"))
+      const late = yield* Finalizers.group(scope)
+      late.add(() => ran.push("late"))
+      early.close()
+      early.close()
+      early.add(() => ran.push("added after close"))
+      yield* Scope.close(scope, Exit.void)
+      expect(ran).toEqual(["early b", "early a", "added after close", "late"])
+    }),
+  )
+})
