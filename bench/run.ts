@@ -362,8 +362,14 @@ const main = async () => {
 
     if (sections.has("main")) {
       log("section main")
-      // The gateway's first seconds run cold code (JIT, lazily loaded modules): warmed before any measured case.
-      await run(loadOptions(endpoints[3]!, MODES[1]!, 8, seconds(4), 0))
+      // Every target's first seconds on a path run cold code (JIT tiers, lazily loaded modules, a young heap
+      // still growing): each is warmed on each mode before any measured case. Warming swarmgate on SSE alone
+      // left its JSON path cold — measured first, it cost ~1.4x its steady state.
+      for (const mode of MODES)
+        for (const endpoint of endpoints) {
+          if (mode.stream && endpoint.target === "Portkey") continue
+          await run(loadOptions(endpoint, mode, sat.c, seconds(2), 0))
+        }
       for (const mode of MODES)
         for (const endpoint of endpoints) {
           // Portkey 1.15.2 fails every streamed request on Node 20 (TypeError: immutable, appending to a

@@ -111,6 +111,26 @@ const completionId = (requestId: string) => `chatcmpl-${requestId.replace(/^req_
 const finishOf = (text: CappedText, node: "stop" | "length" | undefined): FinishReason =>
   text.capped || node === "length" ? "length" : "stop"
 
+/** The finish reason the node sent, if any. */
+interface NodeFinish {
+  node: "stop" | "length" | undefined
+}
+
+/** The text of one chunk of events that the cap still lets through, as deltas; notes the node's finish. */
+const takeChunk = (events: Iterable<NodeEvent>, text: CappedText, finish: NodeFinish): Array<string> => {
+  const deltas: Array<string> = []
+  for (const event of events) {
+    if (event._tag === "Finish") {
+      finish.node = event.reason
+      continue
+    }
+    const allowed = text.add(event.text)
+    if (allowed.length > 0) deltas.push(allowed)
+    if (text.capped) break
+  }
+  return deltas
+}
+
 /**
  * Reads the node's events a chunk at a time (one pull per socket read, not
  * per event) until they end or the cap is reached; the text each chunk may
@@ -123,26 +143,17 @@ const runEvents = (
   onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) =>
   Effect.gen(function* () {
-    let nodeFinish: "stop" | "length" | undefined
+    const finish: NodeFinish = { node: undefined }
     while (!text.capped) {
       const next = yield* Effect.either(pull)
       if (Either.isLeft(next)) {
         if (Option.isNone(next.left)) break
         return yield* Effect.fail(broke(next.left.value))
       }
-      const deltas: Array<string> = []
-      for (const event of next.right) {
-        if (event._tag === "Finish") {
-          nodeFinish = event.reason
-          continue
-        }
-        const allowed = text.add(event.text)
-        if (allowed.length > 0) deltas.push(allowed)
-        if (text.capped) break
-      }
+      const deltas = takeChunk(next.right, text, finish)
       if (deltas.length > 0 && onText !== undefined) yield* onText(deltas)
     }
-    return finishOf(text, nodeFinish)
+    return finishOf(text, finish.node)
   })
 
 const noop = () => undefined
@@ -161,7 +172,7 @@ const pushEvents = (
   onText: ((deltas: ReadonlyArray<string>) => boolean) | undefined,
 ) =>
   Effect.async<FinishReason, UpstreamError>((resume) => {
-    let nodeFinish: "stop" | "length" | undefined
+    const finish: NodeFinish = { node: undefined }
     let over = false
     let cancel: () => void = noop
     let offDrain: () => void = noop
@@ -177,23 +188,14 @@ const pushEvents = (
         end(
           Option.isSome(error) && Option.isSome(error.value)
             ? Effect.fail(broke(error.value.value))
-            : Effect.succeed(finishOf(text, nodeFinish)),
+            : Effect.succeed(finishOf(text, finish.node)),
         )
         return
       }
-      const deltas: Array<string> = []
-      for (const event of exit.value) {
-        if (event._tag === "Finish") {
-          nodeFinish = event.reason
-          continue
-        }
-        const allowed = text.add(event.text)
-        if (allowed.length > 0) deltas.push(allowed)
-        if (text.capped) break
-      }
+      const deltas = takeChunk(exit.value, text, finish)
       const took = deltas.length > 0 && onText !== undefined ? onText(deltas) : true
       if (text.capped) {
-        end(Effect.succeed(finishOf(text, nodeFinish)))
+        end(Effect.succeed(finishOf(text, finish.node)))
         return
       }
       if (took) {
