@@ -54,16 +54,22 @@ export const newOutcome = (): Outcome => ({
 /** Text gated by the token cap: the part of each delta that may still be sent. */
 class CappedText {
   text = ""
+  /** UTF-8 bytes of `text`, while nothing was counted. */
+  bytes = 0
   tokens = 0
   capped = false
   constructor(readonly cap: number) {}
   add(delta: string): string {
     if (this.capped || delta.length === 0) return ""
-    // A token is at least one UTF-8 byte, at most 3 per UTF-16 unit: while the text cannot reach the cap
-    // by that bound, nothing needs counting (the answer is counted once, at the end).
-    if (this.tokens === 0 && 3 * (this.text.length + delta.length) <= this.cap) {
-      this.text += delta
-      return delta
+    // A token is at least one UTF-8 byte: while the text's bytes cannot reach the cap, nothing needs
+    // counting (the answer is counted once, at the end).
+    if (this.tokens === 0) {
+      const bytes = this.bytes + Buffer.byteLength(delta)
+      if (bytes <= this.cap) {
+        this.text += delta
+        this.bytes = bytes
+        return delta
+      }
     }
     if (this.tokens === 0 && this.text.length > 0) this.tokens = Tokens.count(this.text)
     // Bounded by what may still be sent: a huge delta from a node costs no more than the cap.
