@@ -153,9 +153,9 @@ const serve = (
 /**
  * The permit, then the hold — in that order where both decide in memory. Where
  * both are round trips to Redis (scaled out) they are sent together, in one
- * write on the shared connection, and their releases likewise (a scope that
- * closes its finalizers in parallel): one round trip to start a request and
- * one to end it. The admission's refusal still wins over the hold's, and
+ * write on the shared connection (the hold from a forked fiber), and their
+ * releases likewise (their two scopes closed at once by one finalizer): one
+ * round trip to start a request and one to end it. The admission's refusal still wins over the hold's, and
  * whichever of the two succeeded is undone by the scope when the other
  * refused. What this changes: a request queued for a concurrency slot holds
  * its money while it waits.
