@@ -15,6 +15,8 @@ interface CallFrame {
   readonly url: string
   readonly lineNumber: number
   readonly columnNumber: number
+  /** Set when the position was already mapped back to its source (a bundle's frame). */
+  readonly mapped?: boolean
 }
 
 interface ProfileNode {
@@ -72,12 +74,13 @@ export const areaOf = (frame: CallFrame): string => {
 
 const BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
-/** Generated line → sorted [generated column, original line] pairs of a source map's `mappings`. */
-export const decodeMappings = (mappings: string): Array<Array<readonly [number, number]>> => {
-  const lines: Array<Array<readonly [number, number]>> = []
+/** Generated line → sorted [generated column, original line, source index] of a source map's `mappings`. */
+export const decodeMappings = (mappings: string): Array<Array<readonly [number, number, number]>> => {
+  const lines: Array<Array<readonly [number, number, number]>> = []
   let originalLine = 0
+  let source = 0
   for (const line of mappings.split(";")) {
-    const segments: Array<readonly [number, number]> = []
+    const segments: Array<readonly [number, number, number]> = []
     let column = 0
     for (const segment of line.split(",")) {
       if (segment.length === 0) continue
@@ -96,8 +99,9 @@ export const decodeMappings = (mappings: string): Array<Array<readonly [number, 
       }
       column += fields[0]!
       if (fields.length >= 4) {
+        source += fields[1]!
         originalLine += fields[2]!
-        segments.push([column, originalLine])
+        segments.push([column, originalLine, source])
       }
     }
     lines.push(segments)
@@ -151,7 +155,7 @@ const tsxSourceLines = (
     }
     return hits
   }
-  const maps = new Map<string, Array<Array<readonly [number, number]>> | undefined>()
+  const maps = new Map<string, Array<Array<readonly [number, number, number]>> | undefined>()
   const decoded = (path: string) => {
     if (!maps.has(path)) {
       const list = candidates.get(path) ?? []
@@ -184,6 +188,60 @@ const tsxSourceLines = (
   }
 }
 
+/**
+ * `npm start` runs one esbuild bundle per app (`apps/<app>/dist/main.js`); its
+ * source map (`main.js.map`, beside it) leads each profiled position back to
+ * the module and line it came from, so the areas, Effect's modules and our
+ * own functions are told apart in the bundle as under tsx.
+ */
+const bundleFrames = (): ((frame: CallFrame) => CallFrame) => {
+  const maps = new Map<
+    string,
+    { readonly sources: ReadonlyArray<string>; readonly lines: ReturnType<typeof decodeMappings> } | undefined
+  >()
+  const mapOf = (path: string) => {
+    if (!maps.has(path)) {
+      try {
+        const map = JSON.parse(readFileSync(`${path}.map`, "utf8")) as {
+          sources: Array<string>
+          mappings: string
+        }
+        // Paths as the repository names them: node_modules/…, packages/…, apps/….
+        const sources = map.sources.map((source) => {
+          const at = /(?:^|\/)((?:node_modules|packages|apps)\/.*)$/.exec(source)
+          return at === null ? source : at[1]!
+        })
+        maps.set(path, { sources, lines: decodeMappings(map.mappings) })
+      } catch {
+        maps.set(path, undefined)
+      }
+    }
+    return maps.get(path)
+  }
+  const root = join(import.meta.dirname, "..")
+  return (frame) => {
+    if (!frame.url.startsWith("file://") || !/\/dist\/main\.js$/.test(frame.url)) return frame
+    const map = mapOf(frame.url.slice(7))
+    const segments = map?.lines[frame.lineNumber]
+    if (map === undefined || segments === undefined) return frame
+    let found: readonly [number, number, number] | undefined
+    for (const segment of segments) {
+      if (segment[0] > frame.columnNumber) break
+      found = segment
+    }
+    if (found === undefined) return frame
+    const source = map.sources[found[2]]
+    if (source === undefined) return frame
+    return {
+      ...frame,
+      url: `file://${join(root, source)}`,
+      lineNumber: found[1],
+      columnNumber: 0,
+      mapped: true,
+    }
+  }
+}
+
 const shortUrl = (url: string) => {
   const own = /\/((?:packages|apps)\/.*)$/.exec(url)
   if (own !== null) return own[1]!
@@ -198,9 +256,13 @@ export const summarize = (
   top = 25,
   window?: { readonly fromMicros: number; readonly toMicros: number },
 ): ProfileSummary => {
-  const byId = new Map(profile.nodes.map((node) => [node.id, node]))
+  const fromBundle = bundleFrames()
+  const byId = new Map(
+    profile.nodes.map((node) => [node.id, { ...node, callFrame: fromBundle(node.callFrame) }]),
+  )
   const sourceLine = tsxSourceLines(profile.nodes.map((node) => node.callFrame))
   const lineOf = (frame: CallFrame): string => {
+    if (frame.mapped === true) return String(frame.lineNumber + 1)
     if (frame.url.startsWith("file://") && frame.url.endsWith(".ts")) {
       const mapped = sourceLine(frame.url.slice(7), frame.lineNumber, frame.columnNumber)
       if (mapped !== undefined) return String(mapped + 1)
@@ -239,7 +301,7 @@ export const summarize = (
     const area = areaOf(frame)
     areas.set(area, (areas.get(area) ?? 0) + micros)
     if (area === "effect") {
-      const module = /effect\/dist\/esm\/(.*)$/.exec(frame.url)?.[1] ?? frame.url
+      const module = /effect\/(?:dist\/esm|src)\/(.*)$/.exec(frame.url)?.[1] ?? frame.url
       effectModules.set(module, (effectModules.get(module) ?? 0) + micros)
     }
     let owner = `(no swarmgate frame) ${area}`
