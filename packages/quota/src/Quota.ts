@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Fiber, Layer, Random, Scope } from "effect"
+import { Clock, Context, Effect, Either, Layer, Random, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -312,7 +312,6 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           const state = {
             done: false,
             committed: false,
-            commit: undefined as Fiber.RuntimeFiber<void> | undefined,
             /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
             committedAt: undefined as number | undefined,
           }
@@ -325,12 +324,9 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
               state.done = true
               inFlight--
               if (!stored) return Effect.void
-              const pendingCommit = state.commit === undefined ? Effect.void : Fiber.await(state.commit)
-              return pendingCommit.pipe(
-                Effect.zipRight(Clock.currentTimeMillis),
-                Effect.flatMap((now) => store.release(request, permit, state.committed, commitAgo(now))),
-                Effect.catchAll(warn("release")),
-              )
+              return Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                store.release(request, permit, state.committed, commitAgo(now)),
+              ).pipe(Effect.catchAll(warn("release")))
             })
 
           const first = yield* Effect.either(store.admit(request, permit))
@@ -398,7 +394,7 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           }
           const commit = Effect.suspend(() => {
             if (state.committed || state.done) return Effect.void
-            if (store.deferredCommit === true) {
+            if (store.remote) {
               // No round trip at the first token: the release (or the next renewal) carries the commit,
               // charged as of now.
               return Effect.map(Clock.currentTimeMillis, (now) => {
@@ -408,14 +404,7 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
               })
             }
             state.committed = true
-            const charge = Effect.catchAll(store.commit(request, permit), warn("commit"))
-            if (!store.remote) return charge
-            // Forked so the first token is not held up by a round trip; the release waits for it.
-            return Effect.asVoid(
-              Effect.tap(Effect.forkDaemon(charge), (fiber) => {
-                state.commit = fiber
-              }),
-            )
+            return Effect.catchAll(store.commit(request, permit), warn("commit"))
           })
           return {
             _tag: "Admitted",

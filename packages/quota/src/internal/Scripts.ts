@@ -105,6 +105,7 @@ local function commit_at(krate, kpres, kpsub, kquota, permit, rates, quotas, now
       if tat > last then last = tat end
     end
   end
+  -- An idle limiter (tat <= now) is the same as none, so the key may go once time catches up.
   if last > now then redis.call('PEXPIRE', krate, math.ceil((last - now) / 1000) + 1000) end
   local horizon = 0
   for _, q in ipairs(quotas) do
@@ -209,31 +210,15 @@ hold(KEYS[2], ttl); hold(KEYS[3], ttl); hold(KEYS[5], ttl); hold(KEYS[6], ttl)
 return { 'waiting', fmt(rank + math.max(0, used - limit)), ewma }
 `)
 
-/** KEYS: rate hash, pending (resource), pending (subject), quota hash. ARGV: permit, then the limits. */
+/**
+ * KEYS: rate hash, pending (resource), pending (subject), quota hash. ARGV:
+ * permit, then the limits. Charges a still-pending permit now (the service
+ * itself sends commits late, with the release or a renewal).
+ */
 export const commit = script(`
 local now = now_micros()
-local permit = ARGV[1]
 local rates, quotas = parse(ARGV, 2)
-local last = now
-for _, r in ipairs(rates) do
-  if r.interval >= 0 then
-    local tat = math.max(tonumber(redis.call('HGET', KEYS[1], r.name)) or 0, now) + r.interval
-    redis.call('HSET', KEYS[1], r.name, fmt(tat))
-    if tat > last then last = tat end
-  end
-end
--- An idle limiter (tat <= now) is the same as none, so the key may go once time catches up.
-if last > now then redis.call('PEXPIRE', KEYS[1], math.ceil((last - now) / 1000) + 1000) end
-local horizon = 0
-for _, q in ipairs(quotas) do
-  local count, idx = quota_count(KEYS[4], q, now)
-  redis.call('HSET', KEYS[4], q.name .. '#i', fmt(idx), q.name .. '#c', fmt(count + 1))
-  horizon = math.max(horizon, period_end(q.period, idx) - now)
-end
-if horizon > 0 then hold(KEYS[4], math.ceil(horizon / 1000) + 86400000) end
-redis.call('ZREM', KEYS[2], permit)
-redis.call('ZREM', KEYS[3], permit)
-return 1
+return commit_at(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], rates, quotas, now, now)
 `)
 
 /**

@@ -78,14 +78,12 @@ export interface StoreNow {
 export interface Store {
   /** Present when every decision can be made synchronously. */
   readonly now?: StoreNow | undefined
-  /** A remote store: its operations are round trips. */
-  readonly remote: boolean
   /**
-   * The store can take a commit later, with the release or a renewal, charged
-   * as of when it was decided (`commitAgoMicros` before): no round trip of its
-   * own at the first token.
+   * A remote store: its operations are round trips, so the service sends a
+   * commit later, with the release or a renewal (`commitAgoMicros`), charged
+   * as of when it was decided: no round trip of its own at the first token.
    */
-  readonly deferredCommit?: boolean | undefined
+  readonly remote: boolean
   /** How long a slot or reservation survives without renewal; undefined when nothing can be orphaned. */
   readonly leaseMillis: number | undefined
   /** Checks rates and quotas, reserves them and takes a slot or a queue place, all or nothing. */

@@ -256,7 +256,6 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
 
     const store: Store = {
       remote: true,
-      deferredCommit: true,
       leaseMillis,
       admit,
       awaitSlot,
