@@ -277,20 +277,22 @@ export const winner = (
     for (const event of chunk) if (event._tag === "Delta") chars += event.text.length
   }
   see(first)
-  const source = attempt.pull ?? ended
-  const limited = idleLimit(slot.entry, idleTimeoutMillis)(source)
-  const next: NodePull = Effect.matchEffect(limited, {
-    onFailure: (error) => {
-      if (Option.isSome(error)) {
-        failed = true
-        slot.entry.health.failure(now(), error.value.reason, slot.trial)
-      }
-      return Effect.fail(error)
-    },
-    onSuccess: (chunk) => {
-      see(chunk)
-      return Effect.succeed(chunk)
-    },
+  /** The node's part in its health: the characters it sent, or its failure (noted once, by whichever read saw it). */
+  const observe = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+    if (Exit.isSuccess(exit)) {
+      see(exit.value)
+      return
+    }
+    const error = Cause.failureOption(exit.cause)
+    if (Option.isSome(error) && Option.isSome(error.value)) {
+      failed = true
+      slot.entry.health.failure(now(), error.value.value.reason, slot.trial)
+    }
+  }
+  const limited = idleLimit(slot.entry, idleTimeoutMillis)(attempt.pull ?? ended)
+  const next: NodePull = Effect.flatMap(Effect.exit(limited), (exit) => {
+    observe(exit)
+    return exit
   })
   let pending: Chunk.Chunk<NodeEvent> | undefined = first
   const pull: NodePull = Effect.suspend(() => {
@@ -311,14 +313,7 @@ export const winner = (
             return () => undefined
           }
           return sourceNext((exit) => {
-            if (Exit.isSuccess(exit)) see(exit.value)
-            else {
-              const error = Cause.failureOption(exit.cause)
-              if (Option.isSome(error) && Option.isSome(error.value)) {
-                failed = true
-                slot.entry.health.failure(now(), error.value.value.reason, slot.trial)
-              }
-            }
+            observe(exit)
             done(exit)
           })
         }

@@ -296,33 +296,13 @@ class EventReader {
     }
   }
 
+  /** `next` as an Effect: what is ready at once, else one wait (its idle limit on the shared deadline list). */
   readonly pull: Effect.Effect<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> = Effect.suspend(
     () =>
       this.ready() ??
       Effect.async<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>((resume) => {
-        // One timer per wait, only when nothing is ready: a busy stream costs no timers at all.
-        const timer =
-          this.idleMillis > 0
-            ? setTimeout(() => {
-                this.wake = undefined
-                this.failure ??= this.fail("stalled")
-                resume(Effect.fail(Option.some(this.failure)))
-              }, this.idleMillis)
-            : undefined
-        this.wake = () => {
-          const next = this.ready()
-          if (next === undefined) {
-            this.wake = wakeAgain
-            return
-          }
-          clearTimeout(timer)
-          resume(next)
-        }
-        const wakeAgain = this.wake
-        return Effect.sync(() => {
-          clearTimeout(timer)
-          this.wake = undefined
-        })
+        const cancel = this.next(resume)
+        return Effect.sync(cancel)
       }),
   )
 }
