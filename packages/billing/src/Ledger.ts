@@ -32,13 +32,6 @@ export interface UsageEntry {
 
 export const chargeId = (requestId: string) => `chg_${requestId}`
 
-/**
- * Rows per multi-row INSERT, largest first: a batch is cut into chunks of
- * these sizes only, so each table has four statement texts, prepared once and
- * reused (a statement sized to each batch would be prepared anew every time).
- * 10 parameters a row stays far below SQLite's and PostgreSQL's limits.
- */
-const CHUNK_SIZES = [128, 32, 8, 1]
 /** Ids per `IN (…)` of a read; rows per statement of a PostgreSQL batch. */
 const IDS_PER_READ = 200
 
@@ -48,13 +41,39 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
   return out
 }
 
-const chunks = <A>(items: ReadonlyArray<A>): Array<ReadonlyArray<A>> => {
-  const out: Array<ReadonlyArray<A>> = []
-  let i = 0
-  for (const size of CHUNK_SIZES)
-    for (; items.length - i >= size; i += size) out.push(items.slice(i, i + size))
-  return out
-}
+/**
+ * SQLite (in this process) takes a whole batch as one JSON parameter, read
+ * back by `json_each`: two statement texts whatever the batch size, prepared
+ * once, and no per-row parameter lists to build. Rows of `batchJson`, by
+ * position.
+ */
+const USAGE_FROM_JSON = `INSERT INTO usage_records
+  (request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at)
+  SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, value->>8, value->>9
+  FROM json_each(?)`
+const CHARGES_FROM_JSON = `INSERT INTO balance_movements (id, account_id, kind, amount_micros, request_id, created_at)
+  SELECT 'chg_' || (value->>0), value->>1, 'charge', value->>6, value->>0, value->>9
+  FROM json_each(?)`
+
+const BALANCES_FROM_JSON = `UPDATE accounts SET balance_micros = balance_micros -
+    (SELECT SUM(value->>6) FROM json_each(?) WHERE value->>1 = accounts.id)
+  WHERE id IN (SELECT value->>1 FROM json_each(?))`
+
+const batchJson = (entries: ReadonlyArray<UsageEntry>) =>
+  JSON.stringify(
+    entries.map((e) => [
+      e.requestId,
+      e.accountId,
+      e.keyId,
+      e.model,
+      e.promptTokens,
+      e.completionTokens,
+      e.costMicros,
+      e.outcome,
+      e.startedAt,
+      e.createdAt,
+    ]),
+  )
 
 const usageRow = (e: UsageEntry) => ({
   request_id: e.requestId,
@@ -91,11 +110,15 @@ export const writeBatch = (
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql.withTransaction(
       Effect.gen(function* () {
-        // SQLite (in this process) caches prepared statements by text: fixed chunk sizes keep that cache
-        // hot. PostgreSQL prepares nothing here, and each statement is a round trip inside the
-        // transaction: as few statements as possible.
-        const cut = sql.onDialectOrElse({ sqlite: () => chunks(entries), orElse: () => slices(entries, 200) })
-        for (const chunk of cut) {
+        const rows = sql.onDialectOrElse({ sqlite: () => batchJson(entries), orElse: () => undefined })
+        if (rows !== undefined) {
+          yield* sql.unsafe(USAGE_FROM_JSON, [rows])
+          yield* sql.unsafe(CHARGES_FROM_JSON, [rows])
+          yield* sql.unsafe(BALANCES_FROM_JSON, [rows, rows])
+          return
+        }
+        // PostgreSQL: each statement is a round trip inside the transaction, so as few as possible.
+        for (const chunk of slices(entries, 200)) {
           yield* sql`INSERT INTO usage_records ${sql.insert(chunk.map(usageRow))}`
           yield* sql`INSERT INTO balance_movements ${sql.insert(chunk.map(chargeRow))}`
         }
