@@ -75,8 +75,14 @@ export class NodeHealth {
   lastActivity = 0
   private readonly samples: Array<number> = []
   private next = 0
+  /** The samples sorted in place (unused slots +∞) when the percentile is asked: no array per request. */
+  private readonly sorted: Float64Array
+  private p95Value: number | undefined = undefined
+  private p95Stale = true
 
-  constructor(readonly options: HealthOptions = defaultHealthOptions) {}
+  constructor(readonly options: HealthOptions = defaultHealthOptions) {
+    this.sorted = new Float64Array(options.window)
+  }
 
   /** Whether a new request may go to the node now; moves an open circuit past its cool-down to half-open. */
   admits(now: number): boolean {
@@ -148,8 +154,17 @@ export class NodeHealth {
 
   /** 95th percentile of recent first-token times; undefined until there are enough. */
   p95(): number | undefined {
-    if (this.samples.length < MIN_PERCENTILE_SAMPLES) return undefined
-    return percentile(this.samples, 0.95)
+    const n = this.samples.length
+    if (n < MIN_PERCENTILE_SAMPLES) return undefined
+    if (this.p95Stale) {
+      const sorted = this.sorted
+      sorted.fill(Number.POSITIVE_INFINITY)
+      for (let i = 0; i < n; i++) sorted[i] = this.samples[i]!
+      sorted.sort()
+      this.p95Value = sorted[nearestRank(n, 0.95)]
+      this.p95Stale = false
+    }
+    return this.p95Value
   }
 
   recentTtfts(): ReadonlyArray<number> {
@@ -176,6 +191,7 @@ export class NodeHealth {
     if (this.samples.length < this.options.window) this.samples.push(millis)
     else this.samples[this.next] = millis
     this.next = (this.next + 1) % this.options.window
+    this.p95Stale = true
   }
 
   private open(now: number) {
@@ -196,9 +212,12 @@ export class NodeHealth {
   }
 }
 
+/** Index of the nearest-rank `p` percentile among `n` sorted samples. */
+const nearestRank = (n: number, p: number) => Math.min(n - 1, Math.max(0, Math.ceil(p * n) - 1))
+
 /** Nearest-rank percentile of unsorted samples. */
 export const percentile = (samples: ReadonlyArray<number>, p: number): number | undefined => {
   if (samples.length === 0) return undefined
   const sorted = [...samples].sort((a, b) => a - b)
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]
+  return sorted[nearestRank(sorted.length, p)]
 }
