@@ -40,8 +40,13 @@ export const modelRequest = (
   request: Omit<NodeRequest, "model">,
   idleTimeoutMillis: number,
 ): NodeRequest => ({
-  ...request,
+  // Field by field, not a spread: one object shape for every request.
+  requestId: request.requestId,
   model: entry.node.models.get(preset.id) ?? preset.id,
+  messages: request.messages,
+  maxTokens: request.maxTokens,
+  jsonMode: request.jsonMode,
+  sampling: request.sampling,
   idleTimeoutMillis,
 })
 
@@ -71,6 +76,11 @@ export const idleLimit = (entry: Entry, idleTimeoutMillis: number) =>
 /** Draws and times a request needs, as plain calls: one read of the fiber's services, not an Effect per use. */
 export interface Sources {
   readonly scope: Scope.Scope
+  /**
+   * The fiber's runtime, built on first use (a test clock's alarm, a node
+   * opened on a fiber of its own): reading a fiber's refs updates them, a
+   * cost most requests never need.
+   */
   readonly runtime: Runtime.Runtime<never>
   readonly clock: Clock.Clock
   /** A uniform draw in [0, 1) from the fiber's `Random` (seeded in tests). */
@@ -88,13 +98,15 @@ export const sources: Effect.Effect<Sources, never, Scope.Scope> = Effect.withFi
   (fiber, status) => {
     const services = fiber.currentDefaultServices
     const clock = Context.get(services, Clock.Clock)
+    const context = fiber.currentContext as Context.Context<never>
+    const { runtimeFlags } = status
+    let runtime: Runtime.Runtime<never> | undefined
     return Effect.succeed({
-      scope: Context.unsafeGet(fiber.currentContext, Scope.Scope),
-      runtime: Runtime.make({
-        context: fiber.currentContext as Context.Context<never>,
-        fiberRefs: fiber.getFiberRefs(),
-        runtimeFlags: status.runtimeFlags,
-      }),
+      scope: Context.unsafeGet(context, Scope.Scope),
+      get runtime() {
+        runtime ??= Runtime.make({ context, fiberRefs: fiber.getFiberRefs(), runtimeFlags })
+        return runtime
+      },
       clock,
       draw: drawFrom(Context.get(services, Random.Random)),
       now: () => clock.unsafeCurrentTimeMillis(),
@@ -109,14 +121,15 @@ const realClock = Effect.runSync(Effect.clock)
 /** Calls `fire` after `millis` on `runtime`'s clock; returns the cancel. */
 export type Alarm = (millis: number, fire: () => void) => () => void
 
-export const alarmOn = (runtime: Runtime.Runtime<never>, clock: Clock.Clock): Alarm => {
+export const alarmOn = (sources: Pick<Sources, "runtime" | "clock">): Alarm => {
+  const { clock } = sources
   if (clock === realClock) {
     return (millis, fire) => {
       const timer = setTimeout(fire, millis)
       return () => clearTimeout(timer)
     }
   }
-  const runFork = Runtime.runFork(runtime)
+  const runFork = Runtime.runFork(sources.runtime)
   return (millis, fire) => {
     // Cancelled by a flag, not an interrupt: interrupting a fiber inside TestClock's sleep can wedge the test clock.
     let cancelled = false
@@ -184,7 +197,7 @@ export interface Attempt {
 export const launch = (
   pool: NodePool,
   parent: Scope.Scope,
-  runtime: Runtime.Runtime<never>,
+  runtime: () => Runtime.Runtime<never>,
   slot: Slot,
   request: NodeRequest,
   startedAt: number,
@@ -234,7 +247,7 @@ export const launch = (
         return firstNonEmpty(pull)
       })
       attempt.begin = () => {
-        const fiber = Runtime.runFork(runtime)(first)
+        const fiber = Runtime.runFork(runtime())(first)
         attempt.cancel = () => {
           if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
         }

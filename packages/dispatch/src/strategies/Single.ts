@@ -55,8 +55,9 @@ export const single = (
     const { pool } = ctx
     const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
     const fiber = yield* sources
-    const { scope: parent, runtime, now: clockNow } = fiber
-    const alarm = alarmOn(runtime, fiber.clock)
+    const { scope: parent, now: clockNow } = fiber
+    const alarm = alarmOn(fiber)
+    const runtime = () => fiber.runtime
     // Images go only to nodes that can see them.
     const vision = request.messages.some((m) => m.images.length > 0)
     const tried = new Set<string>()
