@@ -10,7 +10,7 @@ import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
 import { Billing as BillingService } from "@swarmgate/billing"
-import { Dispatcher } from "@swarmgate/dispatch"
+import { Dispatcher, Finalizers } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
   type ApiError,
@@ -139,7 +139,8 @@ const serve = (
       (settlement, entry) => Operations.noteSettled(res, settlement, entry),
       Limits.moneyWaitMillis(principal.account, yield* Limits.LimitsConfig),
     )
-    yield* Scope.addFinalizer(yield* Effect.scope, Effect.sync(gauges.finished))
+    // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
+    yield* Finalizers.add(yield* Effect.scope, gauges.finished)
     const { permit, hold } = yield* admitAndHold(admission, holding, gauges.admitted)
     // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
     const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
@@ -205,21 +206,28 @@ const admitAndHold = <P, H, E1, E2, R1, R2>(
  * instance), the request's key is checked again; a refusal now ends it.
  */
 const revocation = (req: IncomingMessage, principal: Principal) =>
-  Effect.map(
-    Effect.zip(ApiKeys.ApiKeys, Effect.runtime<never>()),
-    ([apiKeys, runtime]) =>
-      (revoke: (error: ApiError) => void) =>
-        apiKeys.watch(principal.key.id, principal.account.id, () => {
-          Runtime.runFork(runtime)(apiKeys.authenticate(req.headers.authorization, true)).addObserver(
-            (exit) => {
-              if (Exit.isSuccess(exit)) return
-              const failure = Cause.failureOption(exit.cause)
-              // Storage trouble says nothing about the key: the request runs on.
-              if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
-            },
-          )
-        }),
-  )
+  Effect.withFiberRuntime<(revoke: (error: ApiError) => void) => () => void>((fiber, status) => {
+    const apiKeys = Context.unsafeGet(fiber.currentContext, ApiKeys.ApiKeys)
+    // The runtime is built when a change comes, not per request: reading a fiber's refs has a cost.
+    const runtime = () =>
+      Runtime.make({
+        context: fiber.currentContext as Context.Context<never>,
+        fiberRefs: fiber.getFiberRefs(),
+        runtimeFlags: status.runtimeFlags,
+      })
+    return Effect.succeed((revoke: (error: ApiError) => void) =>
+      apiKeys.watch(principal.key.id, principal.account.id, () => {
+        Runtime.runFork(runtime())(apiKeys.authenticate(req.headers.authorization, true)).addObserver(
+          (exit) => {
+            if (Exit.isSuccess(exit)) return
+            const failure = Cause.failureOption(exit.cause)
+            // Storage trouble says nothing about the key: the request runs on.
+            if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
+          },
+        )
+      }),
+    )
+  })
 
 /** Vision is a property of the nodes behind a preset; nodes come and go, so it is looked up per request. */
 const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetView | undefined => {
