@@ -24,7 +24,16 @@ interface Segment {
   exit: Exit.Exit<unknown, unknown> | undefined
 }
 
-const segments = new WeakMap<Scope.Scope, Segment>()
+/**
+ * A scope's current segment, kept on the scope itself: a WeakMap keyed by
+ * every request's scope costs the garbage collector (ephemerons) more than
+ * one property.
+ */
+const SEGMENT: unique symbol = Symbol("@swarmgate/dispatch/Finalizers/segment")
+
+type WithSegment = { [SEGMENT]?: Segment }
+
+const segmentOf = (scope: Scope.Scope): Segment | undefined => (scope as WithSegment)[SEGMENT]
 
 /**
  * The scope's own finalizers, newest last, where Effect keeps them (an
@@ -60,7 +69,7 @@ const runAll = <A>(list: Array<(a: A) => void>, a: A) => {
 /** Adds `cleanup` to the plain cleanups of `scope`. */
 export const add = (scope: Scope.Scope, cleanup: Cleanup): Effect.Effect<void> =>
   Effect.suspend(() => {
-    const current = segments.get(scope)
+    const current = segmentOf(scope)
     if (current !== undefined) {
       if (current.exit !== undefined) return Effect.sync(() => cleanup(current.exit!))
       const map = finalizersOf(scope)
@@ -79,7 +88,7 @@ export const add = (scope: Scope.Scope, cleanup: Cleanup): Effect.Effect<void> =
           runAll(list, exit)
         }),
     }
-    segments.set(scope, segment)
+    ;(scope as WithSegment)[SEGMENT] = segment
     return Scope.addFinalizerExit(scope, segment.finalizer)
   })
 

@@ -47,7 +47,15 @@ interface Context {
   pending: number
 }
 
-const contexts = new WeakMap<ServerResponse, Context>()
+/**
+ * A request's accounting, kept on its response: a WeakMap keyed by every
+ * response costs the garbage collector (ephemerons) more than one property.
+ */
+const CONTEXT: unique symbol = Symbol("@swarmgate/gateway/Operations/context")
+
+type WithContext = ServerResponse & { [CONTEXT]?: Context }
+
+const contextOf = (res: ServerResponse): Context | undefined => (res as WithContext)[CONTEXT]
 
 const finish = (ctx: Context, res: ServerResponse) => {
   if (--ctx.pending > 0) return
@@ -138,7 +146,7 @@ export const intercept = (
   const method = req.method ?? "GET"
   const record = RequestLog.begin(requestId, method, path, startedAt)
   const ctx: Context = { ops, record, pending: 1 }
-  contexts.set(res, ctx)
+  ;(res as WithContext)[CONTEXT] = ctx
   res.once("close", () => finish(ctx, res))
   if (path === "/readyz" && (method === "GET" || method === "HEAD")) {
     readyEndpoint(ops, res)
@@ -162,7 +170,7 @@ export const intercept = (
 
 /** Follows the request's fiber: accounted once it ends too; ended by the drain if it runs past the deadline. */
 export const track = (ops: Operations, fiber: Fiber.RuntimeFiber<unknown, unknown>, res: ServerResponse) => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined) return
   ctx.pending++
   ops.drainer.track(fiber, res, ctx.record.requestId, (code) => {
@@ -174,12 +182,12 @@ export const track = (ops: Operations, fiber: Fiber.RuntimeFiber<unknown, unknow
 // --- notes along the request path (no-ops without a context) ------------------------------
 
 export const noteError = (res: ServerResponse, code: string) => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx !== undefined) ctx.record.code = code
 }
 
 export const notePrincipal = (res: ServerResponse, principal: Principal) => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined) return
   ctx.record.accountId = principal.account.id
   ctx.record.keyId = principal.key.id
@@ -194,7 +202,7 @@ export const noteRequest = (
     readonly promptTokens: number
   },
 ) => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined) return
   ctx.record.model = request.preset.id
   ctx.record.stream = request.stream
@@ -220,7 +228,7 @@ const noGauges: Gauges = {
 }
 
 export const gauges = (res: ServerResponse): Gauges => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined || Option.isNone(ctx.ops.metrics)) return noGauges
   const metrics = ctx.ops.metrics.value
   let state: "new" | "waiting" | "admitted" | "done" = "new"
@@ -256,7 +264,7 @@ export const respondHooks = (
   res: ServerResponse,
   onRun: () => Effect.Effect<void>,
 ): ChatCompletions.RespondHooks => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined) return { onRun }
   const record = ctx.record
   const drainer = ctx.ops.drainer
@@ -280,7 +288,7 @@ export const noteSettled = (
   settlement: Billing.Settlement,
   entry: { readonly costMicros: number } | undefined,
 ) => {
-  const ctx = contexts.get(res)
+  const ctx = contextOf(res)
   if (ctx === undefined) return
   ctx.record.outcome = settlement.outcome
   ctx.record.completionTokens = settlement.completionTokens
