@@ -43,9 +43,9 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
 
 /**
  * SQLite (in this process) takes a whole batch as one JSON parameter, read
- * back by `json_each`: two statement texts whatever the batch size, prepared
- * once, and no per-row parameter lists to build. Rows of `batchJson`, by
- * position.
+ * back by `json_each`: three statements (usage rows, charges, balances)
+ * whatever the batch size or the accounts in it, each prepared once, and no
+ * per-row parameter lists to build. Rows of `batchJson`, by position.
  */
 const USAGE_FROM_JSON = `INSERT INTO usage_records
   (request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at)

@@ -118,9 +118,19 @@ describe("NodeHealth: latency", () => {
     expect(health.p95()).toBeUndefined()
     for (let i = 8; i <= 20; i++) health.firstToken(i, undefined)
     expect(health.p95()).toBe(19)
+    // Asked again after one new sample (it replaces the oldest, 1): recomputed, not the cached value.
+    health.firstToken(1_000, undefined)
+    expect(health.p95()).toBe(20)
     // The window forgets: twenty slow samples replace the fast ones.
     for (let i = 0; i < 20; i++) health.firstToken(1_000, undefined)
     expect(health.p95()).toBe(1_000)
+  })
+
+  it("p95 of a window not yet full counts only the samples it holds", () => {
+    const health = new NodeHealth({ ...options, window: 20 })
+    for (let i = 10; i >= 1; i--) health.firstToken(i, undefined)
+    expect(health.p95()).toBe(10)
+    expect(health.p95()).toBe(10)
   })
 
   it("a slow sample (a lost hedge) only ever raises the estimate", () => {
