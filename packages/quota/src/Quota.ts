@@ -394,7 +394,8 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
           }
           const commit = Effect.suspend(() => {
             if (state.committed || state.done) return Effect.void
-            if (store.remote) {
+            const commitNow = store.commit
+            if (commitNow === undefined) {
               // No round trip at the first token: the release (or the next renewal) carries the commit,
               // charged as of now.
               return Effect.map(Clock.currentTimeMillis, (now) => {
@@ -404,7 +405,7 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
               })
             }
             state.committed = true
-            return Effect.catchAll(store.commit(request, permit), warn("commit"))
+            return Effect.catchAll(commitNow(request, permit), warn("commit"))
           })
           return {
             _tag: "Admitted",

@@ -211,17 +211,6 @@ return { 'waiting', fmt(rank + math.max(0, used - limit)), ewma }
 `)
 
 /**
- * KEYS: rate hash, pending (resource), pending (subject), quota hash. ARGV:
- * permit, then the limits. Charges a still-pending permit now (the service
- * itself sends commits late, with the release or a renewal).
- */
-export const commit = script(`
-local now = now_micros()
-local rates, quotas = parse(ARGV, 2)
-return commit_at(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], rates, quotas, now, now)
-`)
-
-/**
  * KEYS: slots, queue, queue leases, meta, pending (resource), pending (subject),
  * rate hash, quota hash. ARGV: permit, committed (1/0), µs since generation
  * started when that commit was not sent yet (else ''), then the limits.

@@ -78,11 +78,7 @@ export interface StoreNow {
 export interface Store {
   /** Present when every decision can be made synchronously. */
   readonly now?: StoreNow | undefined
-  /**
-   * A remote store: its operations are round trips, so the service sends a
-   * commit later, with the release or a renewal (`commitAgoMicros`), charged
-   * as of when it was decided: no round trip of its own at the first token.
-   */
+  /** A remote store: its operations are round trips. */
   readonly remote: boolean
   /** How long a slot or reservation survives without renewal; undefined when nothing can be orphaned. */
   readonly leaseMillis: number | undefined
@@ -94,8 +90,15 @@ export interface Store {
     permit: string,
     maxWaitMillis: number,
   ) => Effect.Effect<SlotOutcome, StoreUnavailable>
-  /** Charges the reserved rate and quota units (generation started). */
-  readonly commit: (request: Normalized, permit: string) => Effect.Effect<void, StoreUnavailable>
+  /**
+   * Charges the reserved rate and quota units (generation started). Absent
+   * on a store that takes the commit later instead (remote: no round trip of
+   * its own at the first token), with the release or a renewal
+   * (`commitAgoMicros`), charged as of when it was decided.
+   */
+  readonly commit?:
+    | ((request: Normalized, permit: string) => Effect.Effect<void, StoreUnavailable>)
+    | undefined
   /**
    * Frees the slot or queue place and drops reservations that were not
    * committed; with `commitAgoMicros` (a deferred commit), first charges the

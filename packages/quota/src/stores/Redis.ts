@@ -181,17 +181,6 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       })
     }
 
-    const commit = (request: Normalized, permit: string) => {
-      const k = keysOf(prefix, request.subject, request.resource)
-      return Effect.asVoid(
-        run(
-          Scripts.commit,
-          [k.rate, k.pendingResource, k.pendingSubject, k.quota],
-          [permit, ...limitArgs(request)],
-        ),
-      )
-    }
-
     // A commit not sent yet travels with the release or renewal: `commitAgoMicros` after it was decided.
     const commitArgs = (request: Normalized, commitAgoMicros: number | undefined) =>
       commitAgoMicros === undefined
@@ -259,7 +248,6 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       leaseMillis,
       admit,
       awaitSlot,
-      commit,
       release,
       renew,
       usage,
