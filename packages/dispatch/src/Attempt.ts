@@ -191,13 +191,14 @@ export interface Attempt {
  * Prepares an attempt on `slot`, released with `parent` unless it ends
  * first. `begin` starts the node: by callback when it has `begin` (no fiber,
  * no scope: its release is a plain cleanup), else the open and the first
- * pull on a detached fiber of `runtime`, its stream in a child scope. Either
- * way the first events (or the failure) reach `report` exactly once.
+ * pull on a detached fiber of the strategy's runtime, its stream in a child
+ * scope. Either way the first events (or the failure) reach `report` exactly
+ * once.
  */
 export const launch = (
   pool: NodePool,
   parent: Scope.Scope,
-  runtime: () => Runtime.Runtime<never>,
+  sources: Pick<Sources, "runtime">,
   slot: Slot,
   request: NodeRequest,
   startedAt: number,
@@ -247,7 +248,7 @@ export const launch = (
         return firstNonEmpty(pull)
       })
       attempt.begin = () => {
-        const fiber = Runtime.runFork(runtime())(first)
+        const fiber = Runtime.runFork(sources.runtime)(first)
         attempt.cancel = () => {
           if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
         }

@@ -57,7 +57,6 @@ export const single = (
     const fiber = yield* sources
     const { scope: parent, now: clockNow } = fiber
     const alarm = alarmOn(fiber)
-    const runtime = () => fiber.runtime
     // Images go only to nodes that can see them.
     const vision = request.messages.some((m) => m.images.length > 0)
     const tried = new Set<string>()
@@ -130,7 +129,7 @@ export const single = (
             launch(
               pool,
               parent,
-              runtime,
+              fiber,
               slot,
               modelRequest(slot.entry, preset, request, idleTimeoutMillis),
               now,
