@@ -136,6 +136,41 @@ describe("SseDecoder", () => {
     expect(decodeAll([new Uint8Array([100, 97, 116, 97, 58, 0xff, 10, 10])])).toEqual([event("\uFFFD")])
   })
 
+  it("decodes any bytes, valid UTF-8 or not, under any split, as WHATWG's TextDecoder reads them whole", () => {
+    // Lead, continuation and invalid bytes, so that splits fall inside characters and broken ones.
+    const byte = fc.constantFrom(
+      0x41,
+      0x0a,
+      0xc3,
+      0xa9,
+      0xe2,
+      0x82,
+      0xac,
+      0xf0,
+      0x9f,
+      0x98,
+      0x80,
+      0xff,
+      0xed,
+      0xa0,
+    )
+    fc.assert(
+      fc.property(fc.array(byte, { maxLength: 40 }), fc.array(fc.nat(), { maxLength: 8 }), (raw, cuts) => {
+        const bytes = new Uint8Array([...utf8("data: "), ...raw, 0x0a, 0x0a])
+        const whole = new TextDecoder("utf-8", { ignoreBOM: true }).decode(bytes)
+        expect(
+          decodeAll(
+            splitAt(
+              bytes,
+              cuts.map((n) => n % (bytes.length + 1)),
+            ),
+          ),
+        ).toEqual(decodeAll([whole]))
+      }),
+      { numRuns: 1000 },
+    )
+  })
+
   it("does not dispatch a trailing event without a blank line at end of stream", () => {
     const decoder = new SseDecoder()
     expect(decoder.push("data: complete\n\ndata: partial\n")).toEqual([event("complete")])
