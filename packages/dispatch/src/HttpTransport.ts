@@ -14,6 +14,7 @@ import type { Readable } from "node:stream"
 import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
 import { request as httpRequest } from "undici"
+import { ChunkParser } from "./ChunkParser"
 import type { NodeSpec } from "./NodesFile"
 import {
   generateFromOpen,
@@ -106,13 +107,12 @@ const MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
 /** Bytes read but not yet pulled above which the socket is paused: a slow consumer slows the node. */
 const HIGH_WATER_BYTES = 64 * 1024
 
+/** A non-streamed answer, as far as it is read. */
 interface ChoiceChunk {
   readonly choices?: ReadonlyArray<{
-    readonly delta?: { readonly content?: string | null }
-    readonly message?: { readonly content?: string | null }
-    readonly finish_reason?: string | null
-  }>
-  readonly error?: { readonly message?: string } | string
+    readonly message?: { readonly content?: unknown } | null
+    readonly finish_reason?: unknown
+  } | null>
 }
 
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
@@ -156,6 +156,7 @@ const readPrefix = (
  */
 class EventReader {
   private readonly decoder = new SseDecoder.SseDecoder(MAX_EVENT_CHARS)
+  private readonly chunks = new ChunkParser()
   private pending: Array<NodeEvent> = []
   /** Bytes read since the last pull took the pending events. */
   private pendingBytes = 0
@@ -216,24 +217,19 @@ class EventReader {
       this.done = true
       return
     }
-    let chunk: ChoiceChunk
-    try {
-      chunk = JSON.parse(data) as ChoiceChunk
-    } catch {
+    const chunk = this.chunks.parse(data)
+    if (chunk === undefined) {
       this.failure = this.fail(`bad_event: ${data.slice(0, 200)}`)
       return
     }
     if (chunk.error !== undefined) {
-      const message = typeof chunk.error === "string" ? chunk.error : (chunk.error.message ?? "")
-      this.failure = this.fail(`node_error: ${message.slice(0, MAX_ERROR_BODY)}`)
+      this.failure = this.fail(`node_error: ${chunk.error.slice(0, MAX_ERROR_BODY)}`)
       return
     }
-    const choice = chunk.choices?.[0]
-    const content = choice?.delta?.content
-    if (typeof content === "string" && content.length > 0) {
-      this.pending.push({ _tag: "Delta", text: content })
+    if (chunk.content !== undefined && chunk.content.length > 0) {
+      this.pending.push({ _tag: "Delta", text: chunk.content })
     }
-    if (typeof choice?.finish_reason === "string") this.finish = finishOf(choice.finish_reason)
+    if (chunk.finishReason !== undefined) this.finish = finishOf(chunk.finishReason)
   }
 
   private notify(): void {
@@ -376,15 +372,21 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
           readPrefix(body, MAX_JSON_BODY_BYTES).then(({ text, whole }) => {
             if (!whole) return failed("bad_body: the answer is too large or broke off")
             complete = true
-            let parsed: ChoiceChunk
+            let parsed: ChoiceChunk | null
             try {
-              parsed = JSON.parse(text) as ChoiceChunk
+              parsed = JSON.parse(text) as ChoiceChunk | null
             } catch (error) {
               return failed(`bad_body: ${describe(error)}`)
             }
-            const choice = parsed.choices?.[0]
-            const content = choice?.message?.content ?? ""
-            const finish: NodeEvent = { _tag: "Finish", reason: finishOf(choice?.finish_reason ?? "stop") }
+            // Valid JSON that is not an answer (`null`, a number) is read as an empty one, never thrown on.
+            const choice = Array.isArray(parsed?.choices) ? parsed.choices[0] : undefined
+            const said = choice?.message?.content
+            const content = typeof said === "string" ? said : ""
+            const reason = choice?.finish_reason
+            const finish: NodeEvent = {
+              _tag: "Finish",
+              reason: finishOf(typeof reason === "string" ? reason : "stop"),
+            }
             first(
               Exit.succeed(
                 Chunk.unsafeFromArray(

@@ -214,6 +214,33 @@ describe("HttpTransport", () => {
   )
 
   it.live(
+    "reads valid JSON that is not a chunk (null, a number, a null error) as an event without text",
+    () =>
+      Effect.gen(function* () {
+        reset((_req, res) => {
+          sse(res)
+          res.write("data: null\n\ndata: 5\n\n")
+          res.write(chunk({ content: "still" }))
+          res.write(
+            `data: ${JSON.stringify({ error: null, choices: [{ delta: { content: " here" } }] })}\n\n`,
+          )
+          res.end(`${chunk({}, "stop")}data: [DONE]\n\n`)
+        })
+        expect(yield* collect(node().generate(request))).toEqual([
+          { _tag: "Delta", text: "still" },
+          { _tag: "Delta", text: " here" },
+          { _tag: "Finish", reason: "stop" },
+        ])
+        reset((_req, res) => {
+          res.writeHead(200, { "content-type": "application/json" })
+          res.end("null")
+        })
+        expect(yield* collect(node().generate(request))).toEqual([{ _tag: "Finish", reason: "stop" }])
+      }),
+    live,
+  )
+
+  it.live(
     "decodes events split anywhere across network chunks",
     () =>
       Effect.gen(function* () {

@@ -1,0 +1,174 @@
+/**
+ * The chunk parser reads exactly what `JSON.parse` of every chunk would give,
+ * whether a chunk is read in full or from a stream's template: checked on
+ * generated streams whose chunks share prefixes, differ in their text (quotes,
+ * escapes, control characters, non-ASCII), in their other fields, in their
+ * spacing, and carry "content" in other places.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import fc from "fast-check"
+import { ChunkParser } from "../src/ChunkParser"
+
+/** The reading without a template: one `JSON.parse` per chunk. */
+const reference = (data: string) => {
+  let chunk: unknown
+  try {
+    chunk = JSON.parse(data)
+  } catch {
+    return undefined
+  }
+  if (typeof chunk !== "object" || chunk === null)
+    return { content: undefined, finishReason: undefined, error: undefined }
+  const c = chunk as {
+    choices?: unknown
+    error?: unknown
+  }
+  const error = c.error
+  const choice = Array.isArray(c.choices)
+    ? (c.choices[0] as { delta?: { content?: unknown } | null; finish_reason?: unknown } | null | undefined)
+    : undefined
+  const content = choice?.delta?.content
+  const finish = choice?.finish_reason
+  return {
+    content: typeof content === "string" ? content : undefined,
+    finishReason: typeof finish === "string" ? finish : undefined,
+    error:
+      error === undefined || error === null
+        ? undefined
+        : typeof error === "string"
+          ? error
+          : typeof (error as { message?: unknown }).message === "string"
+            ? ((error as { message: string }).message as string)
+            : "",
+  }
+}
+
+const read = (parser: ChunkParser, data: string) => {
+  const fields = parser.parse(data)
+  return fields === undefined ? undefined : { ...fields }
+}
+
+const text = fc.oneof(
+  fc.constantFrom("the", " the", "x"),
+  fc.string({ unit: "grapheme", maxLength: 6 }),
+  fc.string({
+    unit: fc.constantFrom("a", '"', "\\", "\n", "\u0000", "\u001f", "é", "😀", "/"),
+    maxLength: 5,
+  }),
+)
+
+/** How a chunk's text is written as a JSON literal: as JSON.stringify does, with \u escapes, or raw (invalid). */
+const literal = fc.oneof(
+  text.map((t) => JSON.stringify(t)),
+  text.map((t) => `"${[...t].map((ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")}"`),
+  text.map((t) => `"${t}"`),
+)
+
+const head =
+  '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":'
+
+/** One chunk of a stream, mostly in the common shape, sometimes not. */
+const chunk = fc.oneof(
+  { weight: 6, arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}]}`) },
+  { weight: 1, arbitrary: literal.map((l) => `${head}{"content": ${l} },"finish_reason":"length"}]}`) },
+  {
+    weight: 1,
+    arbitrary: literal.map((l) => `${head}{"role":"assistant","content":${l}},"finish_reason":null}]}`),
+  },
+  {
+    weight: 1,
+    arbitrary: fc
+      .tuple(literal, literal)
+      .map(([a, b]) => `${head}{"content":${a},"content":${b}},"finish_reason":null}]}`),
+  },
+  {
+    weight: 1,
+    arbitrary: fc
+      .tuple(literal, literal)
+      .map(
+        ([a, b]) => `${head}{"content":${a}},"logprobs":{"content":[{"token":${b}}]},"finish_reason":null}]}`,
+      ),
+  },
+  {
+    weight: 1,
+    arbitrary: literal.map(
+      (l) => `{"choices":[{"index":1,"delta":{"content":"x"}},{"delta":{"content":${l}}}]}`,
+    ),
+  },
+  {
+    weight: 1,
+    arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}],"error":{"message":${l}}}`),
+  },
+  { weight: 1, arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}]}x`) },
+  {
+    weight: 1,
+    arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}],"error":null}`),
+  },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      `${head}{},"finish_reason":"stop"}]}`,
+      '{"choices":[],"usage":{"prompt_tokens":1}}',
+      '{"error":"overloaded"}',
+      "null",
+      "5",
+      '"content"',
+      "[]",
+      "{",
+    ),
+  },
+)
+
+/** Chunk shapes that trap a template taken from the wrong literal. */
+const shapes: ReadonlyArray<(l: string) => string> = [
+  (l) => `${head}{"content":${l}},"finish_reason":null}]}`,
+  (l) => `{"choices":[{"message":{"content":"lead"},"delta":{"content":${l}}}]}`,
+  (l) => `${head}{"content":"first","content":${l}},"finish_reason":null}]}`,
+  (l) => `{"choices":[{"index":1,"delta":{"content":"x"}},{"delta":{"content":${l}}}]}`,
+  (l) => `{"error":{"content":${l}},"choices":[{"delta":{"content":${l}}}]}`,
+  (l) => `${head}{"content":${l}},"finish_reason":"length"}]}`,
+]
+
+describe("ChunkParser", () => {
+  it("reads streams of one or two shapes, each chunk as JSON.parse would", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 0, max: shapes.length - 1 }),
+        fc.integer({ min: 0, max: shapes.length - 1 }),
+        fc.array(fc.tuple(fc.boolean(), literal), { maxLength: 20 }),
+        (a, b, stream) => {
+          const parser = new ChunkParser()
+          for (const [second, l] of stream) {
+            const data = shapes[second ? b : a]!(l)
+            expect(read(parser, data)).toEqual(reference(data))
+          }
+        },
+      ),
+      { numRuns: 1000 },
+    )
+  })
+
+  it("reads every chunk of a stream as JSON.parse would", () => {
+    fc.assert(
+      fc.property(fc.array(chunk, { maxLength: 30 }), (stream) => {
+        const parser = new ChunkParser()
+        for (const data of stream) expect(read(parser, data)).toEqual(reference(data))
+      }),
+      { numRuns: 500 },
+    )
+  })
+
+  it("reads a common stream's chunks from its template: same text as a full parse", () => {
+    const parser = new ChunkParser()
+    const tokens = ["Hello", ",", ' wor\\"ld', "\\u00e9", " \\n", "😀"]
+    const got = tokens.map((t) => parser.parse(`${head}{"content":"${t}"},"finish_reason":null}]}`)?.content)
+    expect(got).toEqual(["Hello", ",", ' wor"ld', "é", " \n", "😀"])
+    expect(parser.parse(`${head}{},"finish_reason":"stop"}]}`)).toEqual({
+      content: undefined,
+      finishReason: "stop",
+      error: undefined,
+    })
+    // A raw control character is not JSON: not read from the template either.
+    expect(parser.parse(`${head}{"content":"a\u0001"},"finish_reason":null}]}`)).toBeUndefined()
+  })
+})
