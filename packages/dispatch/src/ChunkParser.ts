@@ -68,8 +68,11 @@ const closingQuote = (text: string, from: number): number => {
 /** V8 copies slices shorter than this; longer ones point into (and keep alive) the string they came from. */
 const SHORT = 13
 
-/** A copy that does not keep the socket read it was sliced from alive. */
-const own = (text: string) => Buffer.from(text, "utf8").toString("utf8")
+/**
+ * A copy that does not keep the socket read it was sliced from alive: slicing a
+ * concatenation flattens it into a new string of its own length first.
+ */
+const own = (text: string) => `${text} `.slice(0, -1)
 
 const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 
@@ -115,7 +118,7 @@ export class ChunkParser {
       this.templates < MAX_TEMPLATES
     ) {
       this.templates++
-      this.learn(data, fields.content, fields.finishReason)
+      this.learn(data, fields.finishReason)
     }
     return fields
   }
@@ -142,7 +145,7 @@ export class ChunkParser {
   }
 
   /** Finds the literal that is `choices[0].delta.content` in `data`, and keeps what surrounds it. */
-  private learn(data: string, content: string, finishReason: string | undefined): void {
+  private learn(data: string, finishReason: string | undefined): void {
     let at = data.indexOf('"content"')
     while (at >= 0) {
       let i = at + 9
@@ -152,7 +155,7 @@ export class ChunkParser {
         while (i < data.length && isWhitespace(data.charCodeAt(i))) i++
         if (data.charCodeAt(i) === QUOTE) {
           const end = closingQuote(data, i + 1)
-          if (end > 0 && this.verify(data, i, end, content, finishReason)) {
+          if (end > 0 && this.verify(data, i, end, finishReason)) {
             this.prefix = own(data.slice(0, i + 1))
             this.suffix = own(data.slice(end + 1))
             this.templateFinish = finishReason
@@ -164,16 +167,12 @@ export class ChunkParser {
     }
   }
 
-  /** Whether the literal at `open`…`close` is the content: with the probe in its place, the probe is the content. */
-  private verify(
-    data: string,
-    open: number,
-    close: number,
-    content: string,
-    finishReason: string | undefined,
-  ): boolean {
+  /**
+   * Whether the literal at `open`…`close` is the content: with the probe in its
+   * place, the probe is the content (so the literal was the content's value).
+   */
+  private verify(data: string, open: number, close: number, finishReason: string | undefined): boolean {
     try {
-      if (JSON.parse(data.slice(open, close + 1)) !== content) return false
       const probed = JSON.parse(
         `${data.slice(0, open)}${PROBE_LITERAL}${data.slice(close + 1)}`,
       ) as ChoiceChunk
