@@ -169,6 +169,113 @@ const partDetail = (body: unknown, max: number): Array<ValidationDetail> => {
   return detail
 }
 
+// --- the common request, checked by hand ---------------------------------------------
+
+type Check = (value: unknown) => boolean
+
+const isString: Check = (v) => typeof v === "string"
+const isBoolean: Check = (v) => typeof v === "boolean"
+const isNumber: Check = (v) => typeof v === "number"
+const isWhole: Check = (v) => typeof v === "number" && Number.isInteger(v)
+const isSafeInt: Check = (v) => typeof v === "number" && Number.isSafeInteger(v)
+const isStop: Check = (v) =>
+  typeof v === "string" || (Array.isArray(v) && v.length <= 64 && v.every(isString))
+const isPrimitive = (v: unknown) => v === null || (typeof v !== "object" && v !== undefined)
+const ROLES = new Set(["system", "user", "assistant"])
+
+/**
+ * The request's fields in the schema's order, each with the check of its
+ * non-null value; `stream_options`, `response_format` and `messages` are
+ * taken apart below. A field of another shape sends the body to the schema.
+ */
+const SCALARS: ReadonlyArray<readonly [string, Check]> = [
+  ["model", isString],
+  ["messages", () => false],
+  ["max_completion_tokens", isWhole],
+  ["max_tokens", isWhole],
+  ["stream", isBoolean],
+  ["stream_options", () => false],
+  ["response_format", () => false],
+  ["temperature", isNumber],
+  ["top_p", isNumber],
+  ["presence_penalty", isNumber],
+  ["frequency_penalty", isNumber],
+  ["seed", isSafeInt],
+  ["stop", isStop],
+  ["user", isString],
+  ["store", isBoolean],
+  ["n", isSafeInt],
+]
+const KNOWN = new Set(SCALARS.map(([key]) => key))
+/** More messages, or more keys in one object, than this go to the schema: the work stays bounded. */
+const COMMON_MAX_MESSAGES = 256
+const COMMON_MAX_KEYS = 32
+
+/** A message with text content, as the schema decodes it; `undefined` for any other shape. */
+const commonMessage = (message: unknown): Record<string, unknown> | undefined => {
+  if (typeof message !== "object" || message === null || Array.isArray(message)) return undefined
+  const m = message as Record<string, unknown>
+  if (!ROLES.has(m.role as string) || typeof m.content !== "string") return undefined
+  let keys = 0
+  for (const key in m) {
+    if (++keys > COMMON_MAX_KEYS) return undefined
+    if (key !== "role" && key !== "content" && key !== "name" && !isPrimitive(m[key])) return undefined
+  }
+  if (!("name" in m)) return { role: m.role, content: m.content }
+  return typeof m.name === "string" ? { role: m.role, content: m.content, name: m.name } : undefined
+}
+
+/**
+ * The decoded request for the shape nearly every client sends — text messages,
+ * scalar options — checked by plain code, or `undefined` for anything else
+ * (which the schema then decodes, with its error details). Where it answers it
+ * gives exactly what the schema gives (a property test holds it to that):
+ * known fields in the schema's order, unknown ones (of scalar value) dropped.
+ */
+export const decodeCommon = (body: unknown): ChatCompletionRequest | undefined => {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) return undefined
+  const b = body as Record<string, unknown>
+  let keys = 0
+  for (const key in b) {
+    if (++keys > COMMON_MAX_KEYS || (!KNOWN.has(key) && !isPrimitive(b[key]))) return undefined
+  }
+  const messages = b.messages
+  if (!Array.isArray(messages) || messages.length > COMMON_MAX_MESSAGES || !isString(b.model))
+    return undefined
+  const out: Record<string, unknown> = {}
+  for (const [key, check] of SCALARS) {
+    if (!(key in b)) continue
+    const value = b[key]
+    if (key === "messages") {
+      const decoded: Array<Record<string, unknown>> = []
+      for (const message of messages) {
+        const m = commonMessage(message)
+        if (m === undefined) return undefined
+        decoded.push(m)
+      }
+      out.messages = decoded
+    } else if (key === "stream_options") {
+      if (value === null) out.stream_options = null
+      else {
+        if (typeof value !== "object" || Array.isArray(value)) return undefined
+        const options = value as Record<string, unknown>
+        let optionKeys = 0
+        for (const k in options) {
+          if (++optionKeys > COMMON_MAX_KEYS || (k !== "include_usage" && !isPrimitive(options[k])))
+            return undefined
+        }
+        if (!("include_usage" in options)) out.stream_options = {}
+        else if (isBoolean(options.include_usage))
+          out.stream_options = { include_usage: options.include_usage }
+        else return undefined
+      }
+    } else if (value === null) out[key] = null
+    else if (check(value)) out[key] = Array.isArray(value) ? [...value] : value
+    else return undefined
+  }
+  return out as ChatCompletionRequest
+}
+
 /**
  * Decodes a parsed JSON body. Shape errors (including those of `text` and
  * `image_url` content parts) become one `ValidationFailed` with every entry
@@ -177,6 +284,8 @@ const partDetail = (body: unknown, max: number): Array<ValidationDetail> => {
 export const decodeChatCompletionRequest = (
   body: unknown,
 ): Either.Either<ChatCompletionRequest, ValidationFailed> => {
+  const common = decodeCommon(body)
+  if (common !== undefined) return Either.right(common)
   const values = countValues(body, MAX_JSON_VALUES)
   if (values > MAX_JSON_VALUES) {
     return Either.left(

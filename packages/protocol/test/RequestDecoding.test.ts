@@ -1,7 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Either } from "effect"
+import { Either, Schema } from "effect"
 import fc from "fast-check"
-import { decodeChatCompletionRequest, type ValidationDetail, ValidationFailed } from "../src/index"
+import {
+  ChatCompletionRequest,
+  decodeChatCompletionRequest,
+  type ValidationDetail,
+  ValidationFailed,
+} from "../src/index"
+import { decodeCommon } from "../src/RequestDecoding"
 
 const minimal = { model: "brand-prime", messages: [{ role: "user", content: "Hello" }] }
 
@@ -389,5 +395,102 @@ describe("decodeChatCompletionRequest: properties", () => {
         expect(Either.isRight(r), Either.isLeft(r) ? JSON.stringify(r.left.detail) : "").toBe(true)
       }),
     )
+  })
+})
+
+describe("decodeCommon: the hand check of the common request", () => {
+  const schemaDecode = Schema.decodeUnknownEither(ChatCompletionRequest, { errors: "all" })
+
+  const scalar = fc.oneof(
+    fc.string({ maxLength: 4 }),
+    fc.integer(),
+    fc.double({ noNaN: true, noDefaultInfinity: true }),
+    fc.boolean(),
+    fc.constant(null),
+    fc.constant(2 ** 60),
+  )
+  const anyValue = fc.oneof(
+    scalar,
+    fc.array(scalar, { maxLength: 3 }),
+    fc.dictionary(fc.string({ maxLength: 3 }), scalar, { maxKeys: 2 }),
+  )
+  const maybe = <T>(arb: fc.Arbitrary<T>) => fc.option(fc.oneof(arb, anyValue), { nil: undefined, freq: 2 })
+  const message = fc.record(
+    {
+      role: fc.oneof(fc.constantFrom("system", "user", "assistant", "tool"), anyValue),
+      content: fc.oneof(
+        { weight: 5, arbitrary: fc.string({ maxLength: 8 }) },
+        { weight: 1, arbitrary: fc.constant([{ type: "text", text: "hi" }]) },
+        { weight: 1, arbitrary: anyValue },
+      ),
+      name: fc.oneof(fc.string({ maxLength: 3 }), anyValue),
+      extra: anyValue,
+    },
+    { requiredKeys: ["role", "content"] },
+  )
+  const body = fc
+    .record(
+      {
+        model: fc.oneof(
+          { weight: 5, arbitrary: fc.string({ maxLength: 5 }) },
+          { weight: 1, arbitrary: anyValue },
+        ),
+        messages: fc.oneof(
+          { weight: 5, arbitrary: fc.array(message, { maxLength: 4 }) },
+          { weight: 1, arbitrary: anyValue },
+        ),
+        max_tokens: maybe(fc.integer()),
+        max_completion_tokens: maybe(fc.integer()),
+        stream: maybe(fc.boolean()),
+        stream_options: maybe(
+          fc.record({ include_usage: fc.oneof(fc.boolean(), anyValue), other: scalar }, { requiredKeys: [] }),
+        ),
+        response_format: maybe(fc.constant({ type: "json_object" })),
+        temperature: maybe(fc.double({ noNaN: true, noDefaultInfinity: true })),
+        top_p: maybe(fc.double({ noNaN: true, noDefaultInfinity: true })),
+        presence_penalty: maybe(fc.double({ noNaN: true, noDefaultInfinity: true })),
+        frequency_penalty: maybe(fc.double({ noNaN: true, noDefaultInfinity: true })),
+        seed: maybe(fc.integer()),
+        stop: maybe(
+          fc.oneof(fc.string({ maxLength: 3 }), fc.array(fc.string({ maxLength: 3 }), { maxLength: 3 })),
+        ),
+        user: maybe(fc.string({ maxLength: 3 })),
+        store: maybe(fc.boolean()),
+        n: maybe(fc.integer()),
+        metadata: maybe(scalar),
+      },
+      { requiredKeys: [] },
+    )
+    .map((b) => JSON.parse(JSON.stringify(b)) as unknown)
+
+  it("gives exactly what the schema gives wherever it answers, and answers for most valid bodies", () => {
+    let answered = 0
+    let valid = 0
+    fc.assert(
+      fc.property(body, (b) => {
+        const common = decodeCommon(b)
+        const full = schemaDecode(b)
+        if (Either.isRight(full)) valid++
+        if (common === undefined) return
+        answered++
+        expect(Either.isRight(full)).toBe(true)
+        if (Either.isRight(full)) {
+          expect(common).toStrictEqual(full.right)
+          expect(Object.keys(common)).toEqual(Object.keys(full.right))
+        }
+      }),
+      { numRuns: 3000 },
+    )
+    expect(answered).toBeGreaterThan(valid / 4)
+  })
+
+  it("takes the common request and leaves content parts, response_format and odd shapes to the schema", () => {
+    expect(decodeCommon(minimal)).toStrictEqual(ok(minimal))
+    const parts = { ...minimal, messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }] }
+    expect(decodeCommon(parts)).toBeUndefined()
+    expect(decodeCommon({ ...minimal, response_format: { type: "json_object" } })).toBeUndefined()
+    expect(decodeCommon({ ...minimal, extra: { nested: true } })).toBeUndefined()
+    expect(decodeCommon({ ...minimal, seed: 2 ** 60 })).toBeUndefined()
+    expect(decodeCommon([minimal])).toBeUndefined()
   })
 })
