@@ -9,11 +9,9 @@
  * the node stops generating; a stream read to its end leaves the connection
  * for the next request.
  */
-import { EventEmitter } from "node:events"
-import type { Readable } from "node:stream"
 import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
-import { request as httpRequest } from "undici"
+import { type Dispatcher, getGlobalDispatcher } from "undici"
 import { ChunkParser } from "./ChunkParser"
 import type { NodeSpec } from "./NodesFile"
 import {
@@ -123,31 +121,43 @@ const endedNext: NodeNext = (done) => {
   return () => undefined
 }
 
-/** Reads at most `limit` bytes of a body, then drops the rest (the connection is not reused). */
-const readPrefix = (
-  body: Readable,
-  limit: number,
-): Promise<{ readonly text: string; readonly whole: boolean }> =>
-  new Promise((resolve) => {
-    const parts: Array<Buffer> = []
-    let size = 0
-    let settled = false
-    const done = (whole: boolean) => {
-      if (settled) return
-      settled = true
-      body.off("data", onData)
-      if (!whole) body.destroy()
-      resolve({ text: Buffer.concat(parts).toString("utf8"), whole })
-    }
-    const onData = (part: Buffer) => {
-      parts.push(part)
-      size += part.length
-      if (size > limit) done(false)
-    }
-    body.on("data", onData)
-    body.once("end", () => done(true))
-    body.on("error", () => done(false))
-  })
+/** The first `limit` bytes of a body that is not a stream (an error, or one JSON answer). */
+class BodyPrefix {
+  private readonly parts: Array<Buffer> = []
+  private size = 0
+  constructor(readonly limit: number) {}
+  /** Adds a read; false once the body outgrew the limit. */
+  add(bytes: Buffer): boolean {
+    this.size += bytes.length
+    this.parts.push(bytes)
+    return this.size <= this.limit
+  }
+  get text(): string {
+    return Buffer.concat(this.parts).toString("utf8")
+  }
+}
+
+/** One JSON answer (a server that ignored `stream: true`) as the events it stands for. */
+const answerOf = (
+  text: string,
+  failed: (reason: string) => NodeFailure,
+): Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> => {
+  let parsed: ChoiceChunk | null
+  try {
+    parsed = JSON.parse(text) as ChoiceChunk | null
+  } catch (error) {
+    return Exit.fail(Option.some(failed(`bad_body: ${describe(error)}`)))
+  }
+  // Valid JSON that is not an answer (`null`, a number) is read as an empty one, never thrown on.
+  const choice = Array.isArray(parsed?.choices) ? parsed.choices[0] : undefined
+  const said = choice?.message?.content
+  const content = typeof said === "string" ? said : ""
+  const reason = choice?.finish_reason
+  const finish: NodeEvent = { _tag: "Finish", reason: finishOf(typeof reason === "string" ? reason : "stop") }
+  return Exit.succeed(
+    Chunk.unsafeFromArray(content.length > 0 ? [{ _tag: "Delta", text: content }, finish] : [finish]),
+  )
+}
 
 /**
  * The events of one SSE body, pulled a socket read at a time: each pull
@@ -170,45 +180,49 @@ class EventReader {
   private wake: (() => void) | undefined
 
   constructor(
-    private readonly body: Readable,
     private readonly fail: (reason: string) => NodeFailure,
     /** Silence while a pull waits that fails the stream as `stalled` (0: none). */
     private readonly idleMillis: number,
-    /** Called once the body was read to its end: the connection may then be reused. */
-    onComplete: () => void,
-  ) {
-    body.on("data", (bytes: Buffer) => {
-      if (this.over || this.failure !== undefined) return
-      this.pendingBytes += bytes.length
-      for (const event of this.decoder.push(bytes)) this.event(event.data)
-      if (this.decoder.overflowed && this.failure === undefined)
-        this.failure = fail(`bad_event: an event longer than ${MAX_EVENT_CHARS} characters`)
-      // Only with events waiting for a pull: a long event still arriving must be read to its end.
-      if (this.pendingBytes > HIGH_WATER_BYTES && this.pending.length > 0 && !this.paused) {
-        this.paused = true
-        body.pause()
-      }
-      if (this.pending.length > 0 || this.failure !== undefined) this.notify()
-    })
-    body.once("end", () => {
-      onComplete()
-      if (this.failure === undefined) {
-        if (this.done || this.finish !== undefined)
-          this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
-        else this.failure = fail("truncated: the stream ended without finish_reason or [DONE]")
-      }
-      this.over = true
-      this.notify()
-    })
-    body.on("error", (error) => {
-      if (this.over) return
-      this.over = true
-      if (this.failure === undefined) {
-        if (this.done) this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
-        else this.failure = fail(`broken: ${describe(error)}`)
-      }
-      this.notify()
-    })
+    /** Stops and restarts reading the socket: a slow consumer slows the node. */
+    private readonly flow: { readonly pause: () => void; readonly resume: () => void },
+  ) {}
+
+  /** A socket read of the body. */
+  data(bytes: Buffer): void {
+    if (this.over || this.failure !== undefined) return
+    this.pendingBytes += bytes.length
+    for (const event of this.decoder.push(bytes)) this.event(event.data)
+    if (this.decoder.overflowed && this.failure === undefined)
+      this.failure = this.fail(`bad_event: an event longer than ${MAX_EVENT_CHARS} characters`)
+    // Only with events waiting for a pull: a long event still arriving must be read to its end.
+    if (this.pendingBytes > HIGH_WATER_BYTES && this.pending.length > 0 && !this.paused) {
+      this.paused = true
+      this.flow.pause()
+    }
+    if (this.pending.length > 0 || this.failure !== undefined) this.notify()
+  }
+
+  /** The body was read to its end. */
+  end(): void {
+    if (this.over) return
+    if (this.failure === undefined) {
+      if (this.done || this.finish !== undefined)
+        this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+      else this.failure = this.fail("truncated: the stream ended without finish_reason or [DONE]")
+    }
+    this.over = true
+    this.notify()
+  }
+
+  /** The body broke off (the node's connection, or our abort). */
+  error(error: unknown): void {
+    if (this.over) return
+    this.over = true
+    if (this.failure === undefined) {
+      if (this.done) this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+      else this.failure = this.fail(`broken: ${describe(error)}`)
+    }
+    this.notify()
   }
 
   private event(data: string): void {
@@ -249,7 +263,7 @@ class EventReader {
       this.pendingBytes = 0
       if (this.paused) {
         this.paused = false
-        this.body.resume()
+        this.flow.resume()
       }
       return Exit.succeed(Chunk.unsafeFromArray(events))
     }
@@ -305,7 +319,9 @@ class EventReader {
 
 export const make = (options: HttpNodeOptions): SwarmNode => {
   const { id } = options
-  const endpoint = `${options.url.replace(/\/+$/, "")}/v1/chat/completions`
+  const endpoint = new URL(`${options.url.replace(/\/+$/, "")}/v1/chat/completions`)
+  const origin = endpoint.origin
+  const path = `${endpoint.pathname}${endpoint.search}`
   const connectTimeoutMillis = options.connectTimeoutMillis ?? 10_000
   const headers: Record<string, string> = {
     "content-type": "application/json",
@@ -323,11 +339,12 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     request: NodeRequest,
     onFirst: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
   ): NodeStart => {
-    const abort = new EventEmitter()
     // Set once the body was read to its end: only then may the connection be reused.
     let complete = false
     let stopped = false
     let timedOut = false
+    /** Given by undici when the request is sent; until then a stop is applied when it comes. */
+    let controller: Dispatcher.DispatchController | undefined
     let rest: NodePull = ended
     let restNext: NodeNext = endedNext
     let cancelWait = () => undefined as unknown
@@ -342,75 +359,91 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
       if (!stopped) onFirst(exit)
     }
     const failed = (reason: string) => first(Exit.fail(Option.some(failure(reason))))
+    const abort = () => controller?.abort(new Error("aborted by the gateway"))
     // One shared deadline list for every node request's response head.
     const cancelTimer = Timers.deadline(connectTimeoutMillis, () => {
       timedOut = true
-      abort.emit("abort")
+      abort()
+      failed(`timeout: no response within ${connectTimeoutMillis} ms`)
     })
-    httpRequest(endpoint, {
-      method: "POST",
-      headers: { ...headers, "x-request-id": request.requestId },
-      body: JSON.stringify(requestBody(request)),
-      // undici takes an emitter as its signal: lighter than an AbortController per request.
-      signal: abort,
-      // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
-      bodyTimeout: 0,
-      headersTimeout: 0,
-    }).then(
-      (response) => {
-        cancelTimer()
-        const body = response.body as unknown as Readable
-        if (response.statusCode < 200 || response.statusCode > 299) {
-          readPrefix(body, MAX_ERROR_BODY).then(({ text }) =>
-            failed(`http_${response.statusCode}: ${text.slice(0, MAX_ERROR_BODY)}`),
-          )
-          return
-        }
-        const type = String(response.headers["content-type"] ?? "")
-        if (!type.includes("text/event-stream")) {
-          // A server that ignored `stream: true` and answered with one JSON body.
-          readPrefix(body, MAX_JSON_BODY_BYTES).then(({ text, whole }) => {
-            if (!whole) return failed("bad_body: the answer is too large or broke off")
-            complete = true
-            let parsed: ChoiceChunk | null
-            try {
-              parsed = JSON.parse(text) as ChoiceChunk | null
-            } catch (error) {
-              return failed(`bad_body: ${describe(error)}`)
-            }
-            // Valid JSON that is not an answer (`null`, a number) is read as an empty one, never thrown on.
-            const choice = Array.isArray(parsed?.choices) ? parsed.choices[0] : undefined
-            const said = choice?.message?.content
-            const content = typeof said === "string" ? said : ""
-            const reason = choice?.finish_reason
-            const finish: NodeEvent = {
-              _tag: "Finish",
-              reason: finishOf(typeof reason === "string" ? reason : "stop"),
-            }
-            first(
-              Exit.succeed(
-                Chunk.unsafeFromArray(
-                  content.length > 0 ? [{ _tag: "Delta", text: content }, finish] : [finish],
-                ),
-              ),
-            )
-          })
-          return
-        }
-        const reader = new EventReader(body, failure, request.idleTimeoutMillis ?? 0, () => {
-          complete = true
-        })
-        rest = reader.pull
-        restNext = (done) => reader.next(done)
-        cancelWait = reader.next(first)
+    /** What the body is read as, once the head came: an event stream, or a bounded prefix. */
+    let reader: EventReader | undefined
+    let prefix: BodyPrefix | undefined
+    let onPrefix: ((text: string | undefined) => void) | undefined
+    // undici's dispatch with a handler: no promise, no Readable and no signal per request.
+    getGlobalDispatcher().dispatch(
+      {
+        origin,
+        path,
+        method: "POST",
+        headers: { ...headers, "x-request-id": request.requestId },
+        body: JSON.stringify(requestBody(request)),
+        // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
+        bodyTimeout: 0,
+        headersTimeout: 0,
       },
-      (error: unknown) => {
-        cancelTimer()
-        failed(
-          timedOut
-            ? `timeout: no response within ${connectTimeoutMillis} ms`
-            : `unreachable: ${describe(error)}`,
-        )
+      {
+        onRequestStart: (c) => {
+          controller = c
+          if (stopped || timedOut) abort()
+        },
+        onResponseStart: (c, statusCode, responseHeaders) => {
+          if (timedOut) return
+          cancelTimer()
+          if (statusCode < 200 || statusCode > 299) {
+            prefix = new BodyPrefix(MAX_ERROR_BODY)
+            onPrefix = (text) => failed(`http_${statusCode}: ${(text ?? "").slice(0, MAX_ERROR_BODY)}`)
+            return
+          }
+          const type = String(responseHeaders["content-type"] ?? "")
+          if (!type.includes("text/event-stream")) {
+            // A server that ignored `stream: true` and answered with one JSON body.
+            prefix = new BodyPrefix(MAX_JSON_BODY_BYTES)
+            onPrefix = (text) => {
+              if (text === undefined) return failed("bad_body: the answer is too large or broke off")
+              first(answerOf(text, failure))
+            }
+            return
+          }
+          const events = new EventReader(failure, request.idleTimeoutMillis ?? 0, {
+            pause: () => c.pause(),
+            resume: () => c.resume(),
+          })
+          reader = events
+          rest = events.pull
+          restNext = (done) => events.next(done)
+          cancelWait = events.next(first)
+        },
+        onResponseData: (c, bytes) => {
+          if (reader !== undefined) reader.data(bytes)
+          else if (prefix !== undefined && !prefix.add(bytes) && onPrefix !== undefined) {
+            const report = onPrefix
+            onPrefix = undefined
+            // Too large: the rest is dropped with the connection.
+            c.abort(new Error("body too large"))
+            report(prefix.limit === MAX_ERROR_BODY ? prefix.text : undefined)
+          }
+        },
+        onResponseEnd: () => {
+          complete = true
+          if (reader !== undefined) reader.end()
+          else if (onPrefix !== undefined) {
+            const report = onPrefix
+            onPrefix = undefined
+            report(prefix?.text ?? "")
+          }
+        },
+        onResponseError: (_c, error) => {
+          if (reader !== undefined) return reader.error(error)
+          if (onPrefix !== undefined) {
+            const report = onPrefix
+            onPrefix = undefined
+            return report(prefix !== undefined && prefix.limit === MAX_ERROR_BODY ? prefix.text : undefined)
+          }
+          if (prefix !== undefined || timedOut) return
+          cancelTimer()
+          failed(`unreachable: ${describe(error)}`)
+        },
       },
     )
     return {
@@ -421,7 +454,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
         stopped = true
         cancelTimer()
         cancelWait()
-        if (!complete) abort.emit("abort")
+        if (!complete) abort()
       },
     }
   }
