@@ -83,11 +83,30 @@ function* segments(text: string): Generator<string> {
 }
 
 /**
+ * Counts of short texts (a streamed token, a short message): a node's deltas
+ * repeat the same few thousand strings, and a map lookup costs a small part
+ * of a count. Bounded: emptied when full.
+ */
+const SHORT_TEXT = 32
+const SHORT_CACHE_MAX = 16_384
+const shortCounts = new Map<string, number>()
+
+/**
  * Tokens of `text`: exact while at most `limit`; past it, some number above
  * `limit` (counting stops early, so a huge text costs what the limit allows).
  */
 export const count = (text: string, limit = Number.POSITIVE_INFINITY): number => {
   if (text.length === 0) return 0
+  if (text.length <= SHORT_TEXT) {
+    // One segment, counted whole whatever the limit: the same number as below.
+    let n = shortCounts.get(text)
+    if (n === undefined) {
+      n = countTokens(text, PLAIN)
+      if (shortCounts.size >= SHORT_CACHE_MAX) shortCounts.clear()
+      shortCounts.set(text, n)
+    }
+    return n
+  }
   let total = 0
   for (const segment of segments(text)) {
     if (Number.isFinite(limit) && segment.length > MAX_PIECE) {

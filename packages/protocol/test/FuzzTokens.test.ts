@@ -44,6 +44,21 @@ describe("Tokens", () => {
     )
   })
 
+  it("counts short texts (remembered once counted) exactly, with or without a limit, every time", () => {
+    fc.assert(
+      fc.property(fc.string({ unit: "grapheme", maxLength: 32 }), fc.nat({ max: 40 }), (text, limit) => {
+        const exact = countTokens(text, PLAIN)
+        for (let i = 0; i < 2; i++) {
+          expect(Tokens.count(text)).toBe(exact)
+          const limited = Tokens.count(text, limit)
+          if (exact <= limit) expect(limited).toBe(exact)
+          else expect(limited).toBeGreaterThan(limit)
+        }
+      }),
+      { numRuns: 500 },
+    )
+  })
+
   it("counts across the ordinary stretches of a long text exactly", () => {
     const text =
       "In 2024 the river's valley — 谷 — was 12.5 km wide!\n  def f(x):\n    return x**2  # 😀\n".repeat(
