@@ -22,10 +22,11 @@
  * first waits (up to 15 minutes) for the machine's load average to drop.
  */
 import { execFileSync } from "node:child_process"
+import { randomBytes } from "node:crypto"
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { type AddressInfo, createServer } from "node:net"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { dirname, join } from "node:path"
 import { parseArgs } from "node:util"
 import { lineSvg } from "../apps/loadtest/src/Charts"
 import type { ClientKind, LoadOptions } from "../apps/loadtest/src/Options"
@@ -40,6 +41,13 @@ import {
   waitReady,
 } from "../apps/loadtest/src/Spawn"
 import { measureAutocannon } from "./Autocannon"
+import {
+  type InstructionsCase,
+  type InstructionsRow,
+  instructionsTable,
+  measureInstructions,
+  valgrindAvailable,
+} from "./Instructions"
 import { CORE_GENERATOR, idlePercent, type Measured, measure, pinAll } from "./Measure"
 import { cpuMicros as cpuMicrosOf, loadAverage, machine, pin } from "./Procfs"
 import { readProfile, summarize as summarizeProfile } from "./profile-summary"
@@ -316,6 +324,7 @@ const main = async () => {
   const nodes: Array<NodesRow> = []
   const profiles: Array<ProfileResult> = []
   const counts: Array<CountRow> = []
+  const instructions: Array<InstructionsRow> = []
 
   if (["main", "crosscheck", "ablation", "profile", "components"].some((section) => sections.has(section))) {
     const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
@@ -658,6 +667,33 @@ const main = async () => {
     await stopChild(instant.child)
   }
 
+  if (sections.has("instructions")) {
+    if (!valgrindAvailable()) log("section instructions: skipped, valgrind (with vgdb) is not installed")
+    else {
+      log(
+        "section instructions: per-request instructions under callgrind, bare proxy vs swarmgate (bench/Instructions.ts)",
+      )
+      const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
+      const file = nodesFile(instant.url, "instant")
+      for (const mode of [
+        { name: "json", stream: false, chunks: 20 },
+        { name: "sse-200", stream: true, chunks: 200 },
+      ]) {
+        for (const c of instructionCases(instant.url, file, mode)) {
+          const row = await measureInstructions(c, {
+            warmup: quick ? 500 : 1500,
+            requests: quick ? 200 : 1000,
+          })
+          instructions.push(row)
+          log(
+            `instructions ${row.mode} ${row.target}: ${fmt(row.mainPerRequest / 1e6, 2)} M (main thread), ${fmt(row.allPerRequest / 1e6, 2)} M (all threads) per request`,
+          )
+        }
+      }
+      await stopChild(instant.child)
+    }
+  }
+
   const loadAfter = loadAverage()
   const results = {
     date: new Date().toISOString(),
@@ -675,6 +711,7 @@ const main = async () => {
     nodes,
     profiles,
     counts,
+    instructions,
   }
   const resultsFile = join(OUT, "results.json")
   writeFileSync(resultsFile, `${JSON.stringify(results, null, 2)}\n`)
@@ -918,6 +955,7 @@ interface Results {
   readonly nodes: ReadonlyArray<NodesRow>
   readonly profiles: ReadonlyArray<ProfileResult>
   readonly counts: ReadonlyArray<CountRow>
+  readonly instructions: ReadonlyArray<InstructionsRow>
 }
 
 /** What one request costs inside the gateway, counted by bench/counters.mjs over sequential requests. */
@@ -1008,6 +1046,54 @@ const scaledOut = async () => {
     log(`scaled-out mode skipped: PostgreSQL or Redis not reachable (${String(error).slice(0, 120)})`)
     return undefined
   }
+}
+
+/** The bare proxy and swarmgate (its bundle, as `npm start` runs it) against the instant node, under callgrind. */
+const instructionCases = (
+  upstream: string,
+  nodes: string,
+  mode: { readonly name: string; readonly stream: boolean; readonly chunks: number },
+): ReadonlyArray<InstructionsCase> => {
+  const adminToken = randomBytes(16).toString("hex")
+  // Beside the nodes file: removed with it when the bench ends.
+  const dir = dirname(nodes)
+  return [
+    {
+      target: "bare proxy",
+      mode: mode.name,
+      argv: ["--import", "tsx", join(BENCH, "proxy.ts"), "--port", "0", "--upstream", upstream],
+      env: {},
+      model: "instant",
+      ...mode,
+    },
+    {
+      target: "swarmgate",
+      mode: mode.name,
+      argv: [join(REPO_ROOT, "apps/server/dist/main.js"), "serve"],
+      env: {
+        PORT: "0",
+        DATABASE_URL: `sqlite:${join(dir, `${mode.name}.db`)}`,
+        SWARMGATE_ADMIN_TOKEN: adminToken,
+        LOG_LEVEL: "warn",
+        SWARMGATE_NODES_FILE: nodes,
+        SWARMGATE_MAX_IN_FLIGHT: "8192",
+        SWARMGATE_PRESETS: JSON.stringify({ "swarm-prime": { strategy: "single" } }),
+      },
+      setup: (baseUrl) =>
+        createLoadKey({
+          admin: async <T>(method: string, path: string, body?: unknown) => {
+            const response = await fetch(`${baseUrl}/admin/v1${path}`, {
+              method,
+              headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json" },
+              body: JSON.stringify(body),
+            })
+            return { status: response.status, body: (await response.json()) as T }
+          },
+        }).then(({ key }) => key),
+      model: "swarm-prime",
+      ...mode,
+    },
+  ]
 }
 
 const countRequests = async (
@@ -1167,6 +1253,12 @@ const report = (r: Results): string => {
       "### What one request costs inside the gateway (counted, per request)\n",
       `${COUNTED} sequential requests after 200 of warm-up, against the instant node, counted inside the gateway process by \`bench/counters.mjs\` (a preload that wraps Effect's run-loop handlers and fiber start, timers, better-sqlite3 / pg statements and ioredis commands at run time); the gateway runs from its sources under tsx here so the counters see its modules. Scaled out = PostgreSQL + Redis (\`DATABASE_URL\`, \`REDIS_URL\`). SQL statements are the ledger's batched writes, per request.\n`,
       countsTable(r.counts),
+    )
+  if (r.instructions.length > 0)
+    parts.push(
+      "### Instructions per request (callgrind: not moved by other tenants)\n",
+      "Counted by valgrind's callgrind in the process under test, switched on after a warm-up for a fixed number of requests (8 at a time) against the instant node (`bench/Instructions.ts`). The main thread is the request's own work; all threads adds V8's concurrent GC and compilers. Repeated runs of one build agree within ~2–3 % on the main thread.\n",
+      instructionsTable(r.instructions),
     )
   if (r.ablation.length > 0) {
     const base = (mode: string) => r.main.find((m) => m.mode === mode && m.target === "swarmgate")

@@ -192,7 +192,9 @@ export const GENEROUS_LIMITS = {
   queue: 1_000_000,
 }
 
-export const createLoadKey = async (gateway: Gateway): Promise<{ accountId: string; key: string }> => {
+export const createLoadKey = async (
+  gateway: Pick<Gateway, "admin">,
+): Promise<{ accountId: string; key: string }> => {
   const account = await gateway.admin<{ id: string }>("POST", "/accounts", {
     name: "loadtest",
     balance_usd: 1_000_000,
