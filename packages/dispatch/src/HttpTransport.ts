@@ -11,7 +11,7 @@
  */
 import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
-import { type Dispatcher, getGlobalDispatcher } from "undici"
+import { Agent, type Dispatcher } from "undici"
 import { ChunkParser } from "./ChunkParser"
 import type { NodeSpec } from "./NodesFile"
 import {
@@ -119,6 +119,18 @@ const ended: NodePull = Effect.fail(Option.none())
 const endedNext: NodeNext = (done) => {
   done(Exit.fail(Option.none()))
   return () => undefined
+}
+
+/**
+ * The connection pools to nodes: our own undici `Agent`, not the global
+ * dispatcher, which is whichever undici set it first — Node's built-in one
+ * when something called `fetch` before this module loaded, and that older
+ * undici does not take the handler `dispatch` is given here.
+ */
+let agent: Agent | undefined
+const nodeAgent = (): Agent => {
+  agent ??= new Agent()
+  return agent
 }
 
 /** The first `limit` bytes of a body that is not a stream (an error, or one JSON answer). */
@@ -371,7 +383,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     let prefix: BodyPrefix | undefined
     let onPrefix: ((text: string | undefined) => void) | undefined
     // undici's dispatch with a handler: no promise, no Readable and no signal per request.
-    getGlobalDispatcher().dispatch(
+    nodeAgent().dispatch(
       {
         origin,
         path,

@@ -241,6 +241,34 @@ describe("HttpTransport", () => {
   )
 
   it.live(
+    "does not depend on the process's global undici dispatcher (Node's own fetch may have set an older one)",
+    () =>
+      Effect.gen(function* () {
+        const key = Symbol.for("undici.globalDispatcher.1")
+        const global = globalThis as Record<symbol, unknown>
+        const saved = global[key]
+        global[key] = {
+          dispatch: () => {
+            throw new Error("the global dispatcher was used")
+          },
+        }
+        reset(streams(["Own", " pool"]))
+        const events = yield* Effect.ensuring(
+          collect(node().generate(request)),
+          Effect.sync(() => {
+            global[key] = saved
+          }),
+        )
+        expect(events).toEqual([
+          { _tag: "Delta", text: "Own" },
+          { _tag: "Delta", text: " pool" },
+          { _tag: "Finish", reason: "stop" },
+        ])
+      }),
+    live,
+  )
+
+  it.live(
     "decodes events split anywhere across network chunks",
     () =>
       Effect.gen(function* () {
