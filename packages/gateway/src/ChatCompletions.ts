@@ -374,8 +374,10 @@ export const respond = (
 
       const usageTail = request.includeUsage ? ',"usage":null}' : "}"
       const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
+      // Every part is JSON.stringify's (or fixed) text, so no raw line break can occur: one `data:`
+      // line, framed here without encodeData's scan of each chunk.
       const chunk = (delta: string, finish: string) =>
-        SseEncoder.encodeData(`${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}`)
+        `data: ${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}\n\n`
 
       res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
       outcome.headersSent = true
