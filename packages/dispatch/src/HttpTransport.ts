@@ -3,8 +3,9 @@
  * server, vLLM, Ollama, SGLang, `apps/node-sim`). The gateway always asks for
  * a stream and counts tokens itself; the node's `usage` is ignored.
  *
- * Connections are pooled and kept alive by undici (`request`, cheaper per
- * request and per chunk than the global `fetch`). A stream the consumer
+ * Connections are pooled and kept alive by the transport's own undici `Agent`,
+ * driven by `dispatch` with a handler (no promise, Readable body or abort
+ * signal per request; far cheaper than the global `fetch`). A stream the consumer
  * abandons (client gone, hedge lost, cap reached) aborts its HTTP request, so
  * the node stops generating; a stream read to its end leaves the connection
  * for the next request.
