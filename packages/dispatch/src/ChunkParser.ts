@@ -9,8 +9,8 @@
  * from that literal alone. This is exact, not a guess: JSON's grammar is
  * context-free, so the same bytes before a string token put the parser in the
  * same state, and the template was checked when it was made by parsing it
- * with a probe value in place of the text (the probe must come back as the
- * content, so the literal is that field and no other). Anything else — other
+ * with each of two probe values in place of the text (each must come back as
+ * the content, so the literal is that field and no other). Anything else — other
  * bytes, an escape the fast read does not take, a control character — is
  * parsed in full with `JSON.parse`, exactly as without a template.
  */
@@ -30,8 +30,11 @@ interface ChoiceChunk {
   readonly error?: { readonly message?: unknown } | string | null
 }
 
-const PROBE = "swarmgate:template-probe"
-const PROBE_LITERAL = JSON.stringify(PROBE)
+/**
+ * Two probes, because a node's text may itself be one of them: a literal that
+ * is not the content leaves the content as it was, which cannot equal both.
+ */
+export const PROBES: readonly [string, string] = ["swarmgate:template-probe:1", "swarmgate:template-probe:2"]
 const QUOTE = 34
 const BACKSLASH = 92
 /** Templates a stream may make: a node whose chunks all differ costs at most this many extra parses. */
@@ -168,18 +171,22 @@ export class ChunkParser {
   }
 
   /**
-   * Whether the literal at `open`…`close` is the content: with the probe in its
-   * place, the probe is the content (so the literal was the content's value).
+   * Whether the literal at `open`…`close` is the content: with either probe in
+   * its place, that probe is the content (so the literal was the content's value).
    */
   private verify(data: string, open: number, close: number, finishReason: string | undefined): boolean {
-    try {
-      const probed = JSON.parse(
-        `${data.slice(0, open)}${PROBE_LITERAL}${data.slice(close + 1)}`,
-      ) as ChoiceChunk
-      const fields = fieldsOf(probed, { content: undefined, finishReason: undefined, error: undefined })
-      return fields.content === PROBE && fields.finishReason === finishReason && fields.error === undefined
-    } catch {
-      return false
+    const before = data.slice(0, open)
+    const after = data.slice(close + 1)
+    for (const probe of PROBES) {
+      try {
+        const probed = JSON.parse(`${before}${JSON.stringify(probe)}${after}`) as ChoiceChunk
+        const fields = fieldsOf(probed, { content: undefined, finishReason: undefined, error: undefined })
+        if (fields.content !== probe || fields.finishReason !== finishReason || fields.error !== undefined)
+          return false
+      } catch {
+        return false
+      }
     }
+    return true
   }
 }

@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
-import { ChunkParser } from "../src/ChunkParser"
+import { ChunkParser, PROBES } from "../src/ChunkParser"
 
 /** The reading without a template: one `JSON.parse` per chunk. */
 const reference = (data: string) => {
@@ -127,6 +127,9 @@ const shapes: ReadonlyArray<(l: string) => string> = [
   (l) => `{"choices":[{"index":1,"delta":{"content":"x"}},{"delta":{"content":${l}}}]}`,
   (l) => `{"error":{"content":${l}},"choices":[{"delta":{"content":${l}}}]}`,
   (l) => `${head}{"content":${l}},"finish_reason":"length"}]}`,
+  // The node's own text equal to a probe: a literal elsewhere must not pass for the content.
+  (l) => `{"a":{"content":${l}},"choices":[{"delta":{"content":${JSON.stringify(PROBES[0])}}}]}`,
+  (l) => `{"choices":[{"delta":{"content":${l},"content":${JSON.stringify(PROBES[1])}}}]}`,
 ]
 
 describe("ChunkParser", () => {
