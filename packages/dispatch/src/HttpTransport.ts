@@ -134,19 +134,32 @@ const nodeAgent = (): Agent => {
   return agent
 }
 
-/** The first `limit` bytes of a body that is not a stream (an error, or one JSON answer). */
+/**
+ * A body that is not a stream (an error, or one JSON answer), read up to
+ * `limit` bytes and handed to `done` once: whole at its end, cut short when it
+ * outgrew the limit or broke off.
+ */
 class BodyPrefix {
   private readonly parts: Array<Buffer> = []
   private size = 0
-  constructor(readonly limit: number) {}
-  /** Adds a read; false once the body outgrew the limit. */
+  private reported = false
+  constructor(
+    private readonly limit: number,
+    private readonly done: (text: string, whole: boolean) => void,
+  ) {}
+  /** Adds a read; false (and reported) once the body outgrew the limit. */
   add(bytes: Buffer): boolean {
+    if (this.reported) return false
     this.size += bytes.length
     this.parts.push(bytes)
-    return this.size <= this.limit
+    if (this.size <= this.limit) return true
+    this.finish(false)
+    return false
   }
-  get text(): string {
-    return Buffer.concat(this.parts).toString("utf8")
+  finish(whole: boolean): void {
+    if (this.reported) return
+    this.reported = true
+    this.done(Buffer.concat(this.parts).toString("utf8"), whole)
   }
 }
 
@@ -382,7 +395,6 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     /** What the body is read as, once the head came: an event stream, or a bounded prefix. */
     let reader: EventReader | undefined
     let prefix: BodyPrefix | undefined
-    let onPrefix: ((text: string | undefined) => void) | undefined
     // undici's dispatch with a handler: no promise, no Readable and no signal per request.
     nodeAgent().dispatch(
       {
@@ -404,18 +416,19 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
           if (timedOut) return
           cancelTimer()
           if (statusCode < 200 || statusCode > 299) {
-            prefix = new BodyPrefix(MAX_ERROR_BODY)
-            onPrefix = (text) => failed(`http_${statusCode}: ${(text ?? "").slice(0, MAX_ERROR_BODY)}`)
+            prefix = new BodyPrefix(MAX_ERROR_BODY, (text) =>
+              failed(`http_${statusCode}: ${text.slice(0, MAX_ERROR_BODY)}`),
+            )
             return
           }
           const type = String(responseHeaders["content-type"] ?? "")
           if (!type.includes("text/event-stream")) {
             // A server that ignored `stream: true` and answered with one JSON body.
-            prefix = new BodyPrefix(MAX_JSON_BODY_BYTES)
-            onPrefix = (text) => {
-              if (text === undefined) return failed("bad_body: the answer is too large or broke off")
-              first(answerOf(text, failure))
-            }
+            prefix = new BodyPrefix(MAX_JSON_BODY_BYTES, (text, whole) =>
+              whole
+                ? first(answerOf(text, failure))
+                : failed("bad_body: the answer is too large or broke off"),
+            )
             return
           }
           const events = new EventReader(failure, request.idleTimeoutMillis ?? 0, {
@@ -429,31 +442,18 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
         },
         onResponseData: (c, bytes) => {
           if (reader !== undefined) reader.data(bytes)
-          else if (prefix !== undefined && !prefix.add(bytes) && onPrefix !== undefined) {
-            const report = onPrefix
-            onPrefix = undefined
-            // Too large: the rest is dropped with the connection.
-            c.abort(new Error("body too large"))
-            report(prefix.limit === MAX_ERROR_BODY ? prefix.text : undefined)
-          }
+          // Too large: the rest is dropped with the connection.
+          else if (prefix !== undefined && !prefix.add(bytes)) c.abort(new Error("body too large"))
         },
         onResponseEnd: () => {
           complete = true
           if (reader !== undefined) reader.end()
-          else if (onPrefix !== undefined) {
-            const report = onPrefix
-            onPrefix = undefined
-            report(prefix?.text ?? "")
-          }
+          else prefix?.finish(true)
         },
         onResponseError: (_c, error) => {
           if (reader !== undefined) return reader.error(error)
-          if (onPrefix !== undefined) {
-            const report = onPrefix
-            onPrefix = undefined
-            return report(prefix !== undefined && prefix.limit === MAX_ERROR_BODY ? prefix.text : undefined)
-          }
-          if (prefix !== undefined || timedOut) return
+          if (prefix !== undefined) return prefix.finish(false)
+          if (timedOut) return
           cancelTimer()
           failed(`unreachable: ${describe(error)}`)
         },
