@@ -4,7 +4,6 @@
  * runs as one fiber; a client that goes away interrupts it, which cancels the
  * node stream and releases everything acquired for it.
  */
-import { randomUUID } from "node:crypto"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
@@ -49,6 +48,7 @@ import {
   sendJson,
 } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
+import { newRequestId } from "./internal/RequestId"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
 import * as Operations from "./Operations"
@@ -64,8 +64,6 @@ export type GatewayServices =
   | Quota.Quota
   | Repository.Repository
   | SqlClient.SqlClient
-
-const newRequestId = () => `req_${randomUUID().replaceAll("-", "")}`
 
 const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string, error: ApiError) => {
   if (res.headersSent) {

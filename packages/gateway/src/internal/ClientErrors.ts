@@ -6,10 +6,10 @@
  * (spec §1), and the error envelope where a §7 code applies, not Node's bare
  * status line or a dropped connection.
  */
-import { randomUUID } from "node:crypto"
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http"
 import type { Duplex } from "node:stream"
 import { type ApiError, InvalidRequest, RequestTimeout, renderError } from "@swarmgate/protocol"
+import { newRequestId } from "./RequestId"
 
 const errorFor = (code: string | undefined): ApiError => {
   switch (code) {
@@ -44,8 +44,6 @@ export const onClientError = (error: Error & { readonly code?: string }, socket:
   }
   socket.destroy()
 }
-
-const newRequestId = () => `req_${randomUUID().replaceAll("-", "")}`
 
 /** The `checkExpectation` listener: an `Expect` other than `100-continue` is 417, empty, with its request id. */
 export const onUnmetExpectation = (_req: IncomingMessage, res: ServerResponse) => {
