@@ -7,9 +7,17 @@
  *
  *   node --import tsx bench/components.ts --upstream http://127.0.0.1:PORT   (prints JSON)
  */
+import { randomUUID } from "node:crypto"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { parseArgs } from "node:util"
+import { SqlClient } from "@effect/sql"
+import { Ledger } from "@swarmgate/billing"
 import { HttpTransport, type NodeRequest } from "@swarmgate/dispatch"
-import { Chunk, Effect, Fiber, Option, Stream } from "effect"
+import { RequestId } from "@swarmgate/gateway"
+import { Database } from "@swarmgate/store"
+import { Chunk, Effect, Fiber, ManagedRuntime, Option, Stream } from "effect"
 import { request as undiciRequest } from "undici"
 
 const { values } = parseArgs({
@@ -46,6 +54,56 @@ const inFiber = (body: Effect.Effect<unknown, unknown>, n: number) =>
   )
 
 const OPS = 2000
+
+const LEDGER_BATCH = 60
+
+/**
+ * The ledger's group commit on SQLite (`Ledger.writeBatch`, batches of 60 as at
+ * ~3,000 requests/s), once 120,000 rows are written, with request ids made
+ * one way or the other: the ids key the rows, so their order decides how many
+ * B-tree pages each commit rewrites.
+ */
+const ledger = async (ids: string, requestId: () => string) => {
+  const dir = mkdtempSync(join(tmpdir(), "swarmgate-ledger-"))
+  const runtime = ManagedRuntime.make(Database.layer(`sqlite:${join(dir, "ledger.db")}`))
+  try {
+    const now = Date.now()
+    await runtime.runPromise(
+      Effect.flatMap(SqlClient.SqlClient, (sql) =>
+        Effect.zipRight(
+          sql`INSERT INTO accounts (id, name, status, created_at, updated_at) VALUES ('acct_bench', 'bench', 'active', ${now}, ${now})`,
+          sql`INSERT INTO api_keys (id, account_id, key_hash, prefix, created_at, updated_at) VALUES ('key_bench', 'acct_bench', 'hash', 'sk-swarm-ben', ${now}, ${now})`,
+        ),
+      ),
+    )
+    const batch = (): Array<Ledger.UsageEntry> =>
+      Array.from({ length: LEDGER_BATCH }, () => ({
+        requestId: requestId(),
+        accountId: "acct_bench",
+        keyId: "key_bench",
+        model: "swarm-prime",
+        promptTokens: 14,
+        completionTokens: 20,
+        costMicros: 40,
+        holdMicros: 600,
+        outcome: "completed",
+        startedAt: now,
+        createdAt: now,
+      }))
+    const write = () => runtime.runPromise(Ledger.writeBatch(batch()))
+    for (let i = 0; i < Math.round(2_000 * scale); i++) await write()
+    await measure(
+      `ledger: SQLite group commit after ${Math.round(120 * scale)}k rows, ${ids} request ids`,
+      "settled request",
+      200,
+      LEDGER_BATCH,
+      write,
+    )
+  } finally {
+    await runtime.dispose()
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
 
 const main = async () => {
   await measure("Effect.runPromise(Effect.void): one fiber per request", "request", 20_000, 1, () =>
@@ -114,6 +172,9 @@ const main = async () => {
       ),
     ),
   )
+
+  await ledger("random", () => `req_${randomUUID().replaceAll("-", "")}`)
+  await ledger("time-ordered", RequestId.newRequestId)
 
   const upstream = values.upstream
   if (upstream !== undefined) {

@@ -48,10 +48,10 @@ import {
   sendJson,
 } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
-import { newRequestId } from "./internal/RequestId"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
 import * as Operations from "./Operations"
+import { newRequestId } from "./RequestId"
 import { type NormalizedRequest, normalize, type PresetView } from "./RequestPolicy"
 import * as SideRoutes from "./SideRoutes"
 

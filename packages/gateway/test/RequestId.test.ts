@@ -1,6 +1,6 @@
 /** Request ids keep their public shape and sort by time (the ledger's keys grow at one end). */
 import { describe, expect, it } from "@effect/vitest"
-import { newRequestId } from "../src/internal/RequestId"
+import { newRequestId } from "../src/RequestId"
 
 describe("newRequestId", () => {
   it("is req_ and 32 hex digits, the first 12 the time in milliseconds", () => {

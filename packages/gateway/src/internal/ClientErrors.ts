@@ -9,7 +9,7 @@
 import { type IncomingMessage, type ServerResponse, STATUS_CODES } from "node:http"
 import type { Duplex } from "node:stream"
 import { type ApiError, InvalidRequest, RequestTimeout, renderError } from "@swarmgate/protocol"
-import { newRequestId } from "./RequestId"
+import { newRequestId } from "../RequestId"
 
 const errorFor = (code: string | undefined): ApiError => {
   switch (code) {
