@@ -6,6 +6,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
 import { countTokens } from "gpt-tokenizer"
+import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
 import * as Tokens from "../src/Tokens"
 
 const PLAIN = { disallowedSpecial: new Set<string>() }
@@ -34,7 +35,63 @@ const hostile = fc.oneof(
     .map(([c, n]) => c.repeat(n)),
 )
 
+/** Runs of each kind of character the split regex treats apart, of any length around MAX_PIECE / 2. */
+const runs = fc
+  .array(
+    fc
+      .tuple(
+        fc.constantFrom(
+          ...["a", "A", "漢", "😀", "\u0301", "'s", "!", "=", "/", "\n", "\r", " ", "\t", "1", "\ud800", "é"],
+          // Every kind of space JavaScript's \s knows, and neighbours it does not (NEL, zero-width space).
+          ...["\v", "\f", "\u00a0", "\u1680", "\u2000", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f"],
+          ...["\u3000", "\ufeff", "\u0085", "\u200b", "\u180e", "\u1fff", "\u2030"],
+        ),
+        fc.nat({ max: 140 }),
+      )
+      .map(([c, n]) => c.repeat(n)),
+    { maxLength: 12 },
+  )
+  .map((parts) => parts.join(""))
+
 describe("Tokens", () => {
+  it("finds a possible long piece wherever the split has one (the one-call path is only taken without)", () => {
+    fc.assert(
+      fc.property(fc.oneof(runs, hostile), (text) => {
+        if (Tokens.mayHaveLongPiece(text)) return
+        for (const [piece] of text.matchAll(O200K_TOKEN_SPLIT_REGEX)) {
+          expect(piece.length).toBeLessThanOrEqual(Tokens.MAX_PIECE)
+        }
+      }),
+      { numRuns: 2_000 },
+    )
+  })
+
+  it("looks for exactly 64 code units of non-space, or of space and slash, in a row", () => {
+    const spec = new RegExp(`\\S{${Tokens.MAX_PIECE / 2}}|[\\s/]{${Tokens.MAX_PIECE / 2}}`)
+    fc.assert(
+      fc.property(fc.oneof(runs, hostile, fc.string({ unit: "binary", maxLength: 400 })), (text) => {
+        expect(Tokens.mayHaveLongPiece(text)).toBe(spec.test(text))
+      }),
+      { numRuns: 2_000 },
+    )
+  })
+
+  it("counts run-heavy text without long pieces exactly as gpt-tokenizer does; any, within a limit", () => {
+    fc.assert(
+      fc.property(runs, fc.nat({ max: 400 }), (text, limit) => {
+        const full = Tokens.count(text)
+        const long = [...text.matchAll(O200K_TOKEN_SPLIT_REGEX)].some(
+          ([piece]) => piece.length > Tokens.MAX_PIECE,
+        )
+        if (!long) expect(full).toBe(countTokens(text, PLAIN))
+        const limited = Tokens.count(text, limit)
+        if (full <= limit) expect(limited).toBe(full)
+        else expect(limited).toBeGreaterThan(limit)
+      }),
+      { numRuns: 500 },
+    )
+  })
+
   it("counts ordinary text exactly as gpt-tokenizer does", () => {
     fc.assert(
       fc.property(ordinary, (text) => {
