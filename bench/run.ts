@@ -10,7 +10,8 @@
  *   crosscheck  the JSON cases again with autocannon, to check our load generator
  *               (bench/Autocannon.ts), to check the generator against other clients
  *   ablation    swarmgate with access logs on, and with hedging and its timeouts off
- *   components  Effect primitives and the HTTP node transport alone (bench/components.ts)
+ *   components  Effect primitives and the HTTP node transport alone (bench/components.ts), and
+ *               the same Effect programs on Effect 3 and Effect 4 (bench/effect-runtimes.mjs)
  *   streams     10 → 2,000 concurrent paced streams (20 tokens/s each)
  *   sim         1,000 streams on the embedded simulated swarm (tokens/s per core)
  *   nodes       10 → 1,000 embedded simulated nodes at a fixed load
@@ -319,6 +320,7 @@ const main = async () => {
   const cross: Array<CrossCheck> = []
   const ablation: Array<Row> = []
   const components: Array<ComponentCost> = []
+  const effectRuntimes: Array<EffectRuntimeRun> = []
   const streams: Array<Row> = []
   const sim: Array<Row> = []
   const nodes: Array<NodesRow> = []
@@ -548,6 +550,24 @@ const main = async () => {
       })
       components.push(...ready)
       await child.stop(1000)
+      // The same programs on Effect 3 (what runs) and Effect 4 (the `effect-4` alias), alternated.
+      for (let round = 0; round < 2; round++) {
+        for (const pkg of ["effect", "effect-4"]) {
+          const run = await startChild({
+            name: `effect runtimes (${pkg})`,
+            script: join(BENCH, "effect-runtimes.mjs"),
+            args: ["--package", pkg, "--scale", quick ? "0.2" : "1"],
+            cpus: "1",
+            startMillis: 180_000,
+            ready: (output) => {
+              const line = output.split("\n").find((l) => l.startsWith('{"version"'))
+              return line === undefined ? undefined : (JSON.parse(line) as EffectRuntimeRun)
+            },
+          })
+          effectRuntimes.push(run.ready)
+          await run.child.stop(1000)
+        }
+      }
     }
     for (const c of [instant, proxy, proxyFetch]) await stopChild(c.child)
   }
@@ -706,6 +726,7 @@ const main = async () => {
     crosscheck: cross,
     ablation,
     components,
+    effectRuntimes,
     streams,
     sim,
     nodes,
@@ -950,6 +971,7 @@ interface Results {
   readonly crosscheck: ReadonlyArray<CrossCheck>
   readonly ablation: ReadonlyArray<Row>
   readonly components: ReadonlyArray<ComponentCost>
+  readonly effectRuntimes?: ReadonlyArray<EffectRuntimeRun> | undefined
   readonly streams: ReadonlyArray<Row>
   readonly sim: ReadonlyArray<Row>
   readonly nodes: ReadonlyArray<NodesRow>
@@ -1221,6 +1243,34 @@ interface ComponentCost {
   readonly cpuMicros: number
 }
 
+/** One process of `bench/effect-runtimes.mjs`: an Effect version and its costs. */
+interface EffectRuntimeRun {
+  readonly version: string
+  readonly results: ReadonlyArray<ComponentCost>
+}
+
+/** Effect 3 against Effect 4, each cell the lower of its runs (the runs alternate). */
+const effectRuntimesTable = (runs: ReadonlyArray<EffectRuntimeRun>): string => {
+  const versions = [...new Set(runs.map((r) => r.version))]
+  const names = runs[0]?.results ?? []
+  const best = (version: string, name: string) =>
+    Math.min(
+      ...runs
+        .filter((r) => r.version === version)
+        .flatMap((r) => r.results.filter((c) => c.name === name).map((c) => c.cpuMicros)),
+    )
+  const [v3, v4] = versions
+  return [
+    `| program | unit | ${versions.map((v) => `Effect ${v}, CPU µs`).join(" | ")} | ${v3 !== undefined && v4 !== undefined ? `${v3} ÷ ${v4}` : "ratio"} |`,
+    `|---|---|${versions.map(() => "---:|").join("")}---:|`,
+    ...names.map((c) => {
+      const cells = versions.map((v) => best(v, c.name))
+      const ratio = cells.length === 2 && cells[1]! > 0 ? `${fmt(cells[0]! / cells[1]!, 1)}×` : "–"
+      return `| ${c.name} | ${c.unit} | ${cells.map((x) => fmt(x, 3)).join(" | ")} | ${ratio} |`
+    }),
+  ].join("\n")
+}
+
 interface ProfileResult {
   readonly case: string
   readonly busyMillis: number
@@ -1275,6 +1325,12 @@ const report = (r: Results): string => {
         "|---|---|---:|",
         ...r.components.map((c) => `| ${c.name} | ${c.unit} | ${fmt(c.cpuMicros, 1)} |`),
       ].join("\n"),
+    )
+  if (r.effectRuntimes !== undefined && r.effectRuntimes.length > 0)
+    parts.push(
+      "### Effect 3 and Effect 4 on the same programs (CPU µs per unit, core 1; `bench/effect-runtimes.mjs`)\n",
+      "The gateway runs Effect 3; Effect 4 is installed under the alias `effect-4` for this table only. Not the gateway's own path (it is written against Effect 3's API), but the primitives it is made of.\n",
+      effectRuntimesTable(r.effectRuntimes),
     )
   if (r.crosscheck.length > 0)
     parts.push(
