@@ -395,9 +395,12 @@ export const respond = (
       }
 
       yield* send(chunk('{"role":"assistant","content":""}', "null"))
+      // A content chunk is the same text around each delta: built once per answer, not per token.
+      const contentOpen = `data: ${head}{"index":0,"delta":{"content":`
+      const contentClose = `},"finish_reason":null}]${usageTail}\n\n`
       const deltasData = (deltas: ReadonlyArray<string>) => {
         let data = ""
-        for (const delta of deltas) data += chunk(`{"content":${JSON.stringify(delta)}}`, "null")
+        for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
         return data
       }
       const finished = yield* Effect.either(
