@@ -27,7 +27,7 @@ import {
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import { Cause, type Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
-import { GatewayConfig } from "./GatewayConfig"
+import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import type { NormalizedRequest } from "./RequestPolicy"
 
 /** What ran, for usage records and billing: set as the request goes. */
@@ -246,6 +246,121 @@ const usageJson = (prompt: number, completion: number) =>
 /** Why an answer was stopped from outside its fiber. */
 type Stop = "upstream_timeout" | "halted" | { readonly revoked: ApiError }
 
+/** What the answer sets up that the request's cleanup removes. */
+interface AnswerOffs {
+  halt: (() => void) | undefined
+  keepAlive: (() => void) | undefined
+}
+
+/** The answer: a generator declared once, its request passed in (HttpServer.ts says why). */
+function* answerBody(
+  res: ServerResponse,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+  hooks: RespondHooks,
+  dispatcher: Dispatcher.DispatcherShape,
+  config: GatewayConfigShape,
+  text: CappedText,
+  id: string,
+  created: number,
+  stop: (why: Stop) => void,
+  offs: AnswerOffs,
+) {
+  const run = yield* dispatcher.run(request.preset, {
+    requestId,
+    messages: request.messages,
+    maxTokens: request.maxTokens,
+    jsonMode: request.jsonMode,
+    sampling: request.sampling,
+  })
+  outcome.started = true
+  outcome.nodeId = run.nodeId
+  if (hooks.onRun !== undefined) yield* hooks.onRun(run)
+  // The drain may end a running answer; a request not yet started is the drain's own to refuse.
+  if (hooks.onHalt !== undefined) offs.halt = hooks.onHalt(() => stop("halted"))
+  if (!request.stream) {
+    const finish = yield* run.next !== undefined
+      ? pushEvents(run.next, text, res, undefined)
+      : runEvents(run.pull, text, undefined)
+    outcome.finishReason = finish
+    const completionTokens = Tokens.count(text.text)
+    outcome.completionTokens = completionTokens
+    const body = `{"id":"${id}","object":"chat.completion","created":${created},"model":${JSON.stringify(request.model)},"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(text.text)}},"finish_reason":"${finish}"}],"usage":${usageJson(request.promptTokens, completionTokens)}}`
+    res.writeHead(200, {
+      "content-type": "application/json",
+      "content-length": String(Buffer.byteLength(body)),
+      [REQUEST_ID_HEADER]: requestId,
+    })
+    res.end(body)
+    outcome.status = "completed"
+    return
+  }
+
+  const usageTail = request.includeUsage ? ',"usage":null}' : "}"
+  const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
+  // Every part is JSON.stringify's (or fixed) text, so no raw line break can occur: one `data:`
+  // line, framed here without encodeData's scan of each chunk.
+  const chunk = (delta: string, finish: string) =>
+    `data: ${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}\n\n`
+
+  res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
+  outcome.headersSent = true
+  const alive: Timers.KeepAliveStream = {
+    lastWrite: Date.now(),
+    intervalMillis: config.keepAliveIntervalMillis,
+    ping: () => {
+      if (!res.writableEnded) res.write(SseEncoder.keepAlive)
+    },
+  }
+  offs.keepAlive = Timers.keepAlive(alive)
+  const send = (data: string) => {
+    alive.lastWrite = Date.now()
+    return SseWriter.write(res, data)
+  }
+
+  yield* send(chunk('{"role":"assistant","content":""}', "null"))
+  // A content chunk is the same text around each delta: built once per answer, not per token.
+  const contentOpen = `data: ${head}{"index":0,"delta":{"content":`
+  const contentClose = `},"finish_reason":null}]${usageTail}\n\n`
+  const deltasData = (deltas: ReadonlyArray<string>) => {
+    let data = ""
+    for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
+    return data
+  }
+  const finished = yield* Effect.either(
+    run.next !== undefined
+      ? pushEvents(run.next, text, res, (deltas) => {
+          alive.lastWrite = Date.now()
+          return res.write(deltasData(deltas))
+        })
+      : runEvents(run.pull, text, (deltas) => send(deltasData(deltas))),
+  )
+  if (finished._tag === "Left") {
+    outcome.status = "upstream_error"
+    outcome.completionTokens = Tokens.count(text.text)
+    // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
+    res.end(
+      SseEncoder.encodeData(
+        streamErrorEvent(
+          { message: finished.left.message, type: "server_error", code: "upstream_error" },
+          requestId,
+        ),
+      ),
+    )
+    return
+  }
+  outcome.finishReason = finished.right
+  const completionTokens = Tokens.count(text.text)
+  outcome.completionTokens = completionTokens
+  let tail = chunk("{}", `"${finished.right}"`)
+  if (request.includeUsage) {
+    tail += SseEncoder.encodeData(`${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`)
+  }
+  res.end(tail + SseEncoder.DONE)
+  outcome.status = "completed"
+}
+
 /**
  * Answers the request on `res`, in the caller's scope (the node stream and
  * slots live there). Fails (with nothing written) only before the first
@@ -272,8 +387,7 @@ export const respond = (
     const id = completionId(requestId)
     const text = new CappedText(request.maxTokens)
     let stopped: Stop | undefined
-    let offHalt: (() => void) | undefined
-    let offKeepAlive: (() => void) | undefined
+    const offs: AnswerOffs = { halt: undefined, keepAlive: undefined }
     let offRevocation: (() => void) | undefined
     const stop = (why: Stop) => {
       if (stopped !== undefined || outcome.status !== "pending") return
@@ -332,8 +446,8 @@ export const respond = (
     // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
     const cleanup = Finalizers.add(Context.unsafeGet(context, Scope.Scope), () => {
       cancelDeadline()
-      offHalt?.()
-      offKeepAlive?.()
+      offs.halt?.()
+      offs.keepAlive?.()
       offRevocation?.()
       if (stopped !== undefined) writeStopped(stopped)
       // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
@@ -341,101 +455,8 @@ export const respond = (
         outcome.completionTokens = Tokens.count(text.text)
     })
 
-    const answer = Effect.gen(function* () {
-      const run = yield* dispatcher.run(request.preset, {
-        requestId,
-        messages: request.messages,
-        maxTokens: request.maxTokens,
-        jsonMode: request.jsonMode,
-        sampling: request.sampling,
-      })
-      outcome.started = true
-      outcome.nodeId = run.nodeId
-      if (hooks.onRun !== undefined) yield* hooks.onRun(run)
-      // The drain may end a running answer; a request not yet started is the drain's own to refuse.
-      if (hooks.onHalt !== undefined) offHalt = hooks.onHalt(() => stop("halted"))
-      if (!request.stream) {
-        const finish = yield* run.next !== undefined
-          ? pushEvents(run.next, text, res, undefined)
-          : runEvents(run.pull, text, undefined)
-        outcome.finishReason = finish
-        const completionTokens = Tokens.count(text.text)
-        outcome.completionTokens = completionTokens
-        const body = `{"id":"${id}","object":"chat.completion","created":${created},"model":${JSON.stringify(request.model)},"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(text.text)}},"finish_reason":"${finish}"}],"usage":${usageJson(request.promptTokens, completionTokens)}}`
-        res.writeHead(200, {
-          "content-type": "application/json",
-          "content-length": String(Buffer.byteLength(body)),
-          [REQUEST_ID_HEADER]: requestId,
-        })
-        res.end(body)
-        outcome.status = "completed"
-        return
-      }
-
-      const usageTail = request.includeUsage ? ',"usage":null}' : "}"
-      const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
-      // Every part is JSON.stringify's (or fixed) text, so no raw line break can occur: one `data:`
-      // line, framed here without encodeData's scan of each chunk.
-      const chunk = (delta: string, finish: string) =>
-        `data: ${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}\n\n`
-
-      res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
-      outcome.headersSent = true
-      const alive: Timers.KeepAliveStream = {
-        lastWrite: Date.now(),
-        intervalMillis: config.keepAliveIntervalMillis,
-        ping: () => {
-          if (!res.writableEnded) res.write(SseEncoder.keepAlive)
-        },
-      }
-      offKeepAlive = Timers.keepAlive(alive)
-      const send = (data: string) => {
-        alive.lastWrite = Date.now()
-        return SseWriter.write(res, data)
-      }
-
-      yield* send(chunk('{"role":"assistant","content":""}', "null"))
-      // A content chunk is the same text around each delta: built once per answer, not per token.
-      const contentOpen = `data: ${head}{"index":0,"delta":{"content":`
-      const contentClose = `},"finish_reason":null}]${usageTail}\n\n`
-      const deltasData = (deltas: ReadonlyArray<string>) => {
-        let data = ""
-        for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
-        return data
-      }
-      const finished = yield* Effect.either(
-        run.next !== undefined
-          ? pushEvents(run.next, text, res, (deltas) => {
-              alive.lastWrite = Date.now()
-              return res.write(deltasData(deltas))
-            })
-          : runEvents(run.pull, text, (deltas) => send(deltasData(deltas))),
-      )
-      if (finished._tag === "Left") {
-        outcome.status = "upstream_error"
-        outcome.completionTokens = Tokens.count(text.text)
-        // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
-        res.end(
-          SseEncoder.encodeData(
-            streamErrorEvent(
-              { message: finished.left.message, type: "server_error", code: "upstream_error" },
-              requestId,
-            ),
-          ),
-        )
-        return
-      }
-      outcome.finishReason = finished.right
-      const completionTokens = Tokens.count(text.text)
-      outcome.completionTokens = completionTokens
-      let tail = chunk("{}", `"${finished.right}"`)
-      if (request.includeUsage) {
-        tail += SseEncoder.encodeData(
-          `${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`,
-        )
-      }
-      res.end(tail + SseEncoder.DONE)
-      outcome.status = "completed"
-    })
+    const answer = Effect.gen(() =>
+      answerBody(res, requestId, request, outcome, hooks, dispatcher, config, text, id, created, stop, offs),
+    )
     return Effect.zipRight(cleanup, answer)
   })

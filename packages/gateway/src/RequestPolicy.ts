@@ -114,153 +114,160 @@ const parseImage = (
   return Effect.fail(invalid(`${param}.image_url.url`, "An image URL must be an http(s) or data: URL."))
 }
 
+function* normalizeBody(
+  request: ChatCompletionRequest,
+  body: Record<string, unknown>,
+  presets: (id: string) => PresetView | undefined,
+  maxImageBytes: number,
+) {
+  if (request.store === true) {
+    return yield* new ZdrStorageNotSupported({
+      message: "store: true is not supported: this service stores no completions.",
+      param: "store",
+    })
+  }
+  const view = presets(request.model)
+  if (view === undefined) return yield* ModelNotFound.forModel(request.model)
+  const { preset } = view
+
+  for (const [name, refused, why] of unsupported) {
+    if (present(body, name) && refused(body[name])) return yield* invalid(name, why)
+  }
+  if (request.n !== undefined && request.n !== null && request.n !== 1) {
+    return yield* invalid("n", "Only n = 1 is supported.")
+  }
+  const stream = request.stream === true
+  if (!stream && request.stream_options !== undefined && request.stream_options !== null) {
+    return yield* invalid("stream_options", "stream_options is only allowed when stream is true.")
+  }
+
+  const format = request.response_format?.type
+  if (format !== undefined && format !== "text" && format !== "json_object") {
+    return yield* invalid(
+      "response_format",
+      format === "json_schema"
+        ? "response_format json_schema is not supported; use json_object."
+        : "response_format.type must be text or json_object.",
+    )
+  }
+
+  yield* inRange("temperature", request.temperature, 0, 2)
+  yield* inRange("top_p", request.top_p, 0, 1)
+  yield* inRange("presence_penalty", request.presence_penalty, -2, 2)
+  yield* inRange("frequency_penalty", request.frequency_penalty, -2, 2)
+  const stop = typeof request.stop === "string" ? [request.stop] : (request.stop ?? undefined)
+  if (stop !== undefined) {
+    if (stop.length > MAX_STOP)
+      return yield* invalid("stop", `At most ${MAX_STOP} stop sequences are allowed.`)
+    if (stop.some((s) => s.length === 0)) return yield* invalid("stop", "Stop sequences must not be empty.")
+  }
+  if (request.user !== undefined && request.user !== null && request.user.length > MAX_USER_LENGTH) {
+    return yield* invalid("user", `user must be at most ${MAX_USER_LENGTH} characters.`)
+  }
+
+  for (const name of ["max_tokens", "max_completion_tokens"] as const) {
+    const value = request[name]
+    if (value !== undefined && value !== null && value < 1)
+      return yield* invalid(name, `${name} must be at least 1.`)
+  }
+
+  if (request.messages.length === 0) return yield* invalid("messages", "messages must not be empty.")
+  const messages: Array<NodeMessage & Tokens.CountableMessage> = []
+  for (const [i, message] of request.messages.entries()) {
+    if (typeof message.content === "string") {
+      messages.push({
+        role: message.role,
+        content: message.content,
+        name: message.name,
+        images: [],
+        imageTokens: 0,
+      })
+      continue
+    }
+    const texts: Array<string> = []
+    const images: Array<NodeImage> = []
+    let imageTokens = 0
+    for (const [j, part] of message.content.entries()) {
+      const param = `messages[${i}].content[${j}]`
+      switch (part.type) {
+        case "text":
+          texts.push(part.text as string)
+          break
+        case "image_url": {
+          const { url, detail } = part.image_url as { url: string; detail?: string }
+          if (!view.vision) {
+            return yield* invalid(param, `The model ${preset.id} does not accept images.`)
+          }
+          const image = yield* parseImage(url, detail, param, maxImageBytes)
+          images.push({ url: image.url, mediaType: image.mediaType, bytes: image.bytes })
+          imageTokens += image.tokens
+          break
+        }
+        case "input_audio":
+        case "file":
+          return yield* new UnsupportedContentPart({
+            message: `Content parts of type ${part.type} are not accepted.`,
+            param,
+          })
+        default:
+          return yield* invalid(
+            `${param}.type`,
+            `Unknown content part type ${String(part.type).slice(0, 50)}.`,
+          )
+      }
+    }
+    messages.push({
+      role: message.role,
+      content: texts.join("\n"),
+      name: message.name,
+      images,
+      imageTokens,
+    })
+  }
+
+  // Counting stops past the context: a huge prompt costs no more than one that fits.
+  const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1)
+  if (promptTokens >= preset.maxContextTokens) {
+    return yield* invalid(
+      "messages",
+      `The prompt is longer than the ${preset.maxContextTokens - 1} tokens ${preset.id} accepts.`,
+    )
+  }
+  // The smaller cap wins; caps above what the preset can produce are clamped (README: token caps).
+  const caps = [request.max_tokens, request.max_completion_tokens].filter(
+    (v): v is number => typeof v === "number",
+  )
+  const maxTokens = Math.min(
+    caps.length > 0 ? Math.min(...caps) : preset.maxOutputTokens,
+    preset.maxOutputTokens,
+    preset.maxContextTokens - promptTokens,
+  )
+
+  return {
+    preset,
+    model: request.model,
+    messages: messages.map(({ role, content, images }) => ({ role, content, images })),
+    stream,
+    includeUsage: stream && request.stream_options?.include_usage === true,
+    jsonMode: format === "json_object",
+    maxTokens,
+    promptTokens,
+    sampling: {
+      temperature: request.temperature ?? undefined,
+      topP: request.top_p ?? undefined,
+      seed: request.seed ?? undefined,
+      stop,
+      presencePenalty: request.presence_penalty ?? undefined,
+      frequencyPenalty: request.frequency_penalty ?? undefined,
+      user: request.user ?? undefined,
+    },
+  }
+}
+
 export const normalize = (
   request: ChatCompletionRequest,
   body: Record<string, unknown>,
   presets: (id: string) => PresetView | undefined,
   maxImageBytes: number,
 ): Effect.Effect<NormalizedRequest, PolicyError> =>
-  Effect.gen(function* () {
-    if (request.store === true) {
-      return yield* new ZdrStorageNotSupported({
-        message: "store: true is not supported: this service stores no completions.",
-        param: "store",
-      })
-    }
-    const view = presets(request.model)
-    if (view === undefined) return yield* ModelNotFound.forModel(request.model)
-    const { preset } = view
-
-    for (const [name, refused, why] of unsupported) {
-      if (present(body, name) && refused(body[name])) return yield* invalid(name, why)
-    }
-    if (request.n !== undefined && request.n !== null && request.n !== 1) {
-      return yield* invalid("n", "Only n = 1 is supported.")
-    }
-    const stream = request.stream === true
-    if (!stream && request.stream_options !== undefined && request.stream_options !== null) {
-      return yield* invalid("stream_options", "stream_options is only allowed when stream is true.")
-    }
-
-    const format = request.response_format?.type
-    if (format !== undefined && format !== "text" && format !== "json_object") {
-      return yield* invalid(
-        "response_format",
-        format === "json_schema"
-          ? "response_format json_schema is not supported; use json_object."
-          : "response_format.type must be text or json_object.",
-      )
-    }
-
-    yield* inRange("temperature", request.temperature, 0, 2)
-    yield* inRange("top_p", request.top_p, 0, 1)
-    yield* inRange("presence_penalty", request.presence_penalty, -2, 2)
-    yield* inRange("frequency_penalty", request.frequency_penalty, -2, 2)
-    const stop = typeof request.stop === "string" ? [request.stop] : (request.stop ?? undefined)
-    if (stop !== undefined) {
-      if (stop.length > MAX_STOP)
-        return yield* invalid("stop", `At most ${MAX_STOP} stop sequences are allowed.`)
-      if (stop.some((s) => s.length === 0)) return yield* invalid("stop", "Stop sequences must not be empty.")
-    }
-    if (request.user !== undefined && request.user !== null && request.user.length > MAX_USER_LENGTH) {
-      return yield* invalid("user", `user must be at most ${MAX_USER_LENGTH} characters.`)
-    }
-
-    for (const name of ["max_tokens", "max_completion_tokens"] as const) {
-      const value = request[name]
-      if (value !== undefined && value !== null && value < 1)
-        return yield* invalid(name, `${name} must be at least 1.`)
-    }
-
-    if (request.messages.length === 0) return yield* invalid("messages", "messages must not be empty.")
-    const messages: Array<NodeMessage & Tokens.CountableMessage> = []
-    for (const [i, message] of request.messages.entries()) {
-      if (typeof message.content === "string") {
-        messages.push({
-          role: message.role,
-          content: message.content,
-          name: message.name,
-          images: [],
-          imageTokens: 0,
-        })
-        continue
-      }
-      const texts: Array<string> = []
-      const images: Array<NodeImage> = []
-      let imageTokens = 0
-      for (const [j, part] of message.content.entries()) {
-        const param = `messages[${i}].content[${j}]`
-        switch (part.type) {
-          case "text":
-            texts.push(part.text as string)
-            break
-          case "image_url": {
-            const { url, detail } = part.image_url as { url: string; detail?: string }
-            if (!view.vision) {
-              return yield* invalid(param, `The model ${preset.id} does not accept images.`)
-            }
-            const image = yield* parseImage(url, detail, param, maxImageBytes)
-            images.push({ url: image.url, mediaType: image.mediaType, bytes: image.bytes })
-            imageTokens += image.tokens
-            break
-          }
-          case "input_audio":
-          case "file":
-            return yield* new UnsupportedContentPart({
-              message: `Content parts of type ${part.type} are not accepted.`,
-              param,
-            })
-          default:
-            return yield* invalid(
-              `${param}.type`,
-              `Unknown content part type ${String(part.type).slice(0, 50)}.`,
-            )
-        }
-      }
-      messages.push({
-        role: message.role,
-        content: texts.join("\n"),
-        name: message.name,
-        images,
-        imageTokens,
-      })
-    }
-
-    // Counting stops past the context: a huge prompt costs no more than one that fits.
-    const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1)
-    if (promptTokens >= preset.maxContextTokens) {
-      return yield* invalid(
-        "messages",
-        `The prompt is longer than the ${preset.maxContextTokens - 1} tokens ${preset.id} accepts.`,
-      )
-    }
-    // The smaller cap wins; caps above what the preset can produce are clamped (README: token caps).
-    const caps = [request.max_tokens, request.max_completion_tokens].filter(
-      (v): v is number => typeof v === "number",
-    )
-    const maxTokens = Math.min(
-      caps.length > 0 ? Math.min(...caps) : preset.maxOutputTokens,
-      preset.maxOutputTokens,
-      preset.maxContextTokens - promptTokens,
-    )
-
-    return {
-      preset,
-      model: request.model,
-      messages: messages.map(({ role, content, images }) => ({ role, content, images })),
-      stream,
-      includeUsage: stream && request.stream_options?.include_usage === true,
-      jsonMode: format === "json_object",
-      maxTokens,
-      promptTokens,
-      sampling: {
-        temperature: request.temperature ?? undefined,
-        topP: request.top_p ?? undefined,
-        seed: request.seed ?? undefined,
-        stop,
-        presencePenalty: request.presence_penalty ?? undefined,
-        frequencyPenalty: request.frequency_penalty ?? undefined,
-        user: request.user ?? undefined,
-      },
-    }
-  })
+  Effect.gen(() => normalizeBody(request, body, presets, maxImageBytes))

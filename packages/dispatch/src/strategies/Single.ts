@@ -46,184 +46,182 @@ const hedgeDelay = (ctx: StrategyContext, preset: Preset, entry: Entry, now: num
   return Math.max(ctx.hedgeMinMillis, ctx.pool.swarmTtftP95(preset.id, now) ?? ctx.hedgeAfterMillis)
 }
 
+function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeRequest, "model">) {
+  const { pool } = ctx
+  const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
+  const fiber = yield* sources
+  const { scope: parent, now: clockNow } = fiber
+  const alarm = alarmOn(fiber)
+  // Images go only to nodes that can see them.
+  const vision = request.messages.some((m) => m.images.length > 0)
+  const tried = new Set<string>()
+
+  // The inbox: attempts and the alarm post here, this fiber reads.
+  const inbox: Array<Report> = []
+  let wake: (() => void) | undefined
+  const post = (report: Report) => {
+    inbox.push(report)
+    const w = wake
+    wake = undefined
+    w?.()
+  }
+  const nextReport: Effect.Effect<Report> = Effect.suspend(() =>
+    inbox.length > 0
+      ? Effect.succeed(inbox.shift()!)
+      : Effect.async<Report>((resume) => {
+          // The fiber may have yielded since the check: a report can be waiting already.
+          if (inbox.length > 0) return resume(Effect.succeed(inbox.shift()!))
+          wake = () => resume(Effect.succeed(inbox.shift()!))
+          return Effect.sync(() => {
+            wake = undefined
+          })
+        }),
+  )
+
+  let running: Array<Attempt> = []
+  // At most one hedge per request, timed from the start of the attempt it backs up.
+  let hedged = false
+  let hedgeAt: number | undefined
+  let alarmAt: number | undefined
+  let cancelAlarm: () => void = () => undefined
+  const stopAlarm = () => {
+    cancelAlarm()
+    alarmAt = undefined
+  }
+  /** One alarm for the earliest of the hedge and the attempts' first-token limits. */
+  const arm = (now: number) => {
+    let due = hedged ? undefined : hedgeAt
+    if (firstTokenTimeoutMillis > 0)
+      for (const attempt of running) {
+        const limit = attempt.startedAt + firstTokenTimeoutMillis
+        if (due === undefined || limit < due) due = limit
+      }
+    if (due === alarmAt) return
+    stopAlarm()
+    if (due === undefined) return
+    alarmAt = due
+    cancelAlarm = alarm(Math.max(0, due - now), () => {
+      alarmAt = undefined
+      post({ _tag: "Alarm" })
+    })
+  }
+  // A request that ends (or is interrupted) stops its alarm and first pulls still running.
+  yield* Finalizers.add(parent, () => {
+    stopAlarm()
+    for (const attempt of running) attempt.cancel()
+  })
+
+  const start = (waitMillis: number) =>
+    pool.claim(
+      preset.id,
+      tried,
+      vision,
+      waitMillis,
+      (slot) => {
+        tried.add(slot.entry.node.id)
+        const now = clockNow()
+        return Effect.map(
+          launch(
+            pool,
+            parent,
+            fiber,
+            slot,
+            modelRequest(slot.entry, preset, request, idleTimeoutMillis),
+            now,
+            (attempt, exit) => post({ _tag: "Done", attempt, exit }),
+          ),
+          (attempt) => {
+            running.push(attempt)
+            if (!hedged) {
+              const delay = hedgeDelay(ctx, preset, slot.entry, now)
+              hedgeAt = delay === undefined ? undefined : now + delay
+            }
+            arm(now)
+            attempt.begin()
+            return attempt
+          },
+        )
+      },
+      fiber,
+    )
+
+  /** An attempt that failed before its first token: noted, freed; the next one starts if attempts remain. */
+  const failed = (attempt: Attempt, failure: NodeFailure, at: number) =>
+    Effect.suspend(() => {
+      running = running.filter((a) => a !== attempt)
+      attempt.slot.entry.health.failure(at, failure.reason, attempt.slot.trial)
+      return close(attempt)
+    })
+
+  const first = yield* start(ctx.queueWaitMillis)
+  if (first === undefined) return yield* Effect.fail(capacityExhausted(ctx, preset))
+  let launched = 1
+
+  while (true) {
+    const next = yield* nextReport
+    const at = clockNow()
+
+    if (next._tag === "Alarm") {
+      // Reports due at the same instant as the alarm (a test clock's tie) go first.
+      if (!next.deferred && inbox.length > 0) {
+        post({ _tag: "Alarm", deferred: true })
+        continue
+      }
+      for (const attempt of [...running]) {
+        if (firstTokenTimeoutMillis > 0 && at - attempt.startedAt >= firstTokenTimeoutMillis)
+          yield* failed(attempt, timedOut(attempt.slot.entry, "no first token", firstTokenTimeoutMillis), at)
+      }
+      if (!hedged && hedgeAt !== undefined && at >= hedgeAt && running.length > 0) {
+        hedged = true
+        const backed = [...running]
+        // Only a node free right now: a hedge never waits in the queue.
+        const hedge = yield* start(0)
+        if (hedge !== undefined) for (const attempt of backed) attempt.slot.entry.hedges++
+      }
+      arm(at)
+      if (running.length > 0) continue
+    } else {
+      const { attempt } = next
+      // A report from an attempt already given up on.
+      if (!running.includes(attempt)) continue
+      const outcome = classify(attempt.slot.entry.node.id, next.exit)
+      if (outcome._tag !== "Failed") {
+        running = running.filter((a) => a !== attempt)
+        stopAlarm()
+        // The winner: the others are cancelled, their slots freed, their lateness noted.
+        for (const loser of running) {
+          loser.slot.entry.health.slow(at - loser.startedAt)
+          yield* close(loser)
+        }
+        running = []
+        attempt.slot.entry.health.firstToken(at - attempt.startedAt, attempt.slot.trial)
+        if (outcome._tag === "Empty") {
+          // The node ended its stream without any event: an empty answer.
+          attempt.slot.entry.health.succeeded()
+          return runOf(attempt.slot.entry.node.id, ended)
+        }
+        const won = yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis, clockNow)
+        return runOf(attempt.slot.entry.node.id, won.pull, won.next)
+      }
+      yield* failed(attempt, outcome.failure, at)
+      if (running.length > 0) continue
+    }
+
+    // Nothing runs any more: a replacement while attempts last.
+    if (launched < ctx.maxAttempts) {
+      launched++
+      const replacement = yield* start(ctx.queueWaitMillis)
+      if (replacement !== undefined) continue
+    }
+    stopAlarm()
+    // Nothing was generated: no node could start it, which is capacity (429), not a failure (502).
+    return yield* Effect.fail(capacityExhausted(ctx, preset, clockNow()))
+  }
+}
+
 export const single = (
   ctx: StrategyContext,
   preset: Preset,
   request: Omit<NodeRequest, "model">,
 ): Effect.Effect<NodeRun, CapacityExhausted | UpstreamError, Scope.Scope> =>
-  Effect.gen(function* () {
-    const { pool } = ctx
-    const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
-    const fiber = yield* sources
-    const { scope: parent, now: clockNow } = fiber
-    const alarm = alarmOn(fiber)
-    // Images go only to nodes that can see them.
-    const vision = request.messages.some((m) => m.images.length > 0)
-    const tried = new Set<string>()
-
-    // The inbox: attempts and the alarm post here, this fiber reads.
-    const inbox: Array<Report> = []
-    let wake: (() => void) | undefined
-    const post = (report: Report) => {
-      inbox.push(report)
-      const w = wake
-      wake = undefined
-      w?.()
-    }
-    const nextReport: Effect.Effect<Report> = Effect.suspend(() =>
-      inbox.length > 0
-        ? Effect.succeed(inbox.shift()!)
-        : Effect.async<Report>((resume) => {
-            // The fiber may have yielded since the check: a report can be waiting already.
-            if (inbox.length > 0) return resume(Effect.succeed(inbox.shift()!))
-            wake = () => resume(Effect.succeed(inbox.shift()!))
-            return Effect.sync(() => {
-              wake = undefined
-            })
-          }),
-    )
-
-    let running: Array<Attempt> = []
-    // At most one hedge per request, timed from the start of the attempt it backs up.
-    let hedged = false
-    let hedgeAt: number | undefined
-    let alarmAt: number | undefined
-    let cancelAlarm: () => void = () => undefined
-    const stopAlarm = () => {
-      cancelAlarm()
-      alarmAt = undefined
-    }
-    /** One alarm for the earliest of the hedge and the attempts' first-token limits. */
-    const arm = (now: number) => {
-      let due = hedged ? undefined : hedgeAt
-      if (firstTokenTimeoutMillis > 0)
-        for (const attempt of running) {
-          const limit = attempt.startedAt + firstTokenTimeoutMillis
-          if (due === undefined || limit < due) due = limit
-        }
-      if (due === alarmAt) return
-      stopAlarm()
-      if (due === undefined) return
-      alarmAt = due
-      cancelAlarm = alarm(Math.max(0, due - now), () => {
-        alarmAt = undefined
-        post({ _tag: "Alarm" })
-      })
-    }
-    // A request that ends (or is interrupted) stops its alarm and first pulls still running.
-    yield* Finalizers.add(parent, () => {
-      stopAlarm()
-      for (const attempt of running) attempt.cancel()
-    })
-
-    const start = (waitMillis: number) =>
-      pool.claim(
-        preset.id,
-        tried,
-        vision,
-        waitMillis,
-        (slot) => {
-          tried.add(slot.entry.node.id)
-          const now = clockNow()
-          return Effect.map(
-            launch(
-              pool,
-              parent,
-              fiber,
-              slot,
-              modelRequest(slot.entry, preset, request, idleTimeoutMillis),
-              now,
-              (attempt, exit) => post({ _tag: "Done", attempt, exit }),
-            ),
-            (attempt) => {
-              running.push(attempt)
-              if (!hedged) {
-                const delay = hedgeDelay(ctx, preset, slot.entry, now)
-                hedgeAt = delay === undefined ? undefined : now + delay
-              }
-              arm(now)
-              attempt.begin()
-              return attempt
-            },
-          )
-        },
-        fiber,
-      )
-
-    /** An attempt that failed before its first token: noted, freed; the next one starts if attempts remain. */
-    const failed = (attempt: Attempt, failure: NodeFailure, at: number) =>
-      Effect.suspend(() => {
-        running = running.filter((a) => a !== attempt)
-        attempt.slot.entry.health.failure(at, failure.reason, attempt.slot.trial)
-        return close(attempt)
-      })
-
-    const first = yield* start(ctx.queueWaitMillis)
-    if (first === undefined) return yield* Effect.fail(capacityExhausted(ctx, preset))
-    let launched = 1
-
-    while (true) {
-      const next = yield* nextReport
-      const at = clockNow()
-
-      if (next._tag === "Alarm") {
-        // Reports due at the same instant as the alarm (a test clock's tie) go first.
-        if (!next.deferred && inbox.length > 0) {
-          post({ _tag: "Alarm", deferred: true })
-          continue
-        }
-        for (const attempt of [...running]) {
-          if (firstTokenTimeoutMillis > 0 && at - attempt.startedAt >= firstTokenTimeoutMillis)
-            yield* failed(
-              attempt,
-              timedOut(attempt.slot.entry, "no first token", firstTokenTimeoutMillis),
-              at,
-            )
-        }
-        if (!hedged && hedgeAt !== undefined && at >= hedgeAt && running.length > 0) {
-          hedged = true
-          const backed = [...running]
-          // Only a node free right now: a hedge never waits in the queue.
-          const hedge = yield* start(0)
-          if (hedge !== undefined) for (const attempt of backed) attempt.slot.entry.hedges++
-        }
-        arm(at)
-        if (running.length > 0) continue
-      } else {
-        const { attempt } = next
-        // A report from an attempt already given up on.
-        if (!running.includes(attempt)) continue
-        const outcome = classify(attempt.slot.entry.node.id, next.exit)
-        if (outcome._tag !== "Failed") {
-          running = running.filter((a) => a !== attempt)
-          stopAlarm()
-          // The winner: the others are cancelled, their slots freed, their lateness noted.
-          for (const loser of running) {
-            loser.slot.entry.health.slow(at - loser.startedAt)
-            yield* close(loser)
-          }
-          running = []
-          attempt.slot.entry.health.firstToken(at - attempt.startedAt, attempt.slot.trial)
-          if (outcome._tag === "Empty") {
-            // The node ended its stream without any event: an empty answer.
-            attempt.slot.entry.health.succeeded()
-            return runOf(attempt.slot.entry.node.id, ended)
-          }
-          const won = yield* winner(attempt, at, outcome.chunk, idleTimeoutMillis, clockNow)
-          return runOf(attempt.slot.entry.node.id, won.pull, won.next)
-        }
-        yield* failed(attempt, outcome.failure, at)
-        if (running.length > 0) continue
-      }
-
-      // Nothing runs any more: a replacement while attempts last.
-      if (launched < ctx.maxAttempts) {
-        launched++
-        const replacement = yield* start(ctx.queueWaitMillis)
-        if (replacement !== undefined) continue
-      }
-      stopAlarm()
-      // Nothing was generated: no node could start it, which is capacity (429), not a failure (502).
-      return yield* Effect.fail(capacityExhausted(ctx, preset, clockNow()))
-    }
-  })
+  Effect.gen(() => singleBody(ctx, preset, request))
