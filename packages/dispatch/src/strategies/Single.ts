@@ -46,6 +46,8 @@ const hedgeDelay = (ctx: StrategyContext, preset: Preset, entry: Entry, now: num
   return Math.max(ctx.hedgeMinMillis, ctx.pool.swarmTtftP95(preset.id, now) ?? ctx.hedgeAfterMillis)
 }
 
+// Declared once, not made per call: a generator closure per request keeps all it captures out of
+// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and (half) fixed").
 function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeRequest, "model">) {
   const { pool } = ctx
   const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
