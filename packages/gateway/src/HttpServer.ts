@@ -88,9 +88,11 @@ const authenticate = (req: IncomingMessage) =>
   )
 
 /*
- * The request path's Effect.gen bodies are generator functions declared once,
- * here at module level, given the request as arguments — never
- * `Effect.gen(function* () { … })` made per request. V8 gives every
+ * The chat path's Effect.gen bodies (here, RequestPolicy.normalize, the single
+ * strategy, the answer) are generator functions declared once, at module level,
+ * given the request as arguments — not `Effect.gen(function* () { … })` made
+ * per request (the Redis, simulator and /v1/models paths still make theirs;
+ * BENCHMARKS.md lists them). V8 gives every
  * generator-function closure a hidden class of its own in the old generation,
  * pointing back at the closure: all it captures (the request, the response,
  * their state) then outlives young collections. Together with
