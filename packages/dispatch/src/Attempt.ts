@@ -16,9 +16,11 @@ import {
   ExecutionStrategy,
   Exit,
   FiberId,
+  type FiberRefs,
   Option,
   Random,
   Runtime,
+  type RuntimeFlags,
   Scope,
 } from "effect"
 import * as Finalizers from "./Finalizers"
@@ -94,23 +96,46 @@ const drawFrom = (random: Random.Random): (() => number) => {
   return prng !== undefined ? () => prng.number() : () => Effect.runSync(random.next)
 }
 
+/** A class, not an object literal with a getter: see `runOf` in strategies/Strategy.ts. */
+class FiberSources implements Sources {
+  private built: Runtime.Runtime<never> | undefined
+  readonly draw: () => number
+  readonly now: () => number
+  constructor(
+    readonly scope: Scope.Scope,
+    readonly clock: Clock.Clock,
+    random: Random.Random,
+    private readonly fiber: { getFiberRefs(): FiberRefs.FiberRefs },
+    private readonly context: Context.Context<never>,
+    private readonly runtimeFlags: RuntimeFlags.RuntimeFlags,
+  ) {
+    this.draw = drawFrom(random)
+    this.now = () => clock.unsafeCurrentTimeMillis()
+  }
+  get runtime(): Runtime.Runtime<never> {
+    this.built ??= Runtime.make({
+      context: this.context,
+      fiberRefs: this.fiber.getFiberRefs(),
+      runtimeFlags: this.runtimeFlags,
+    })
+    return this.built
+  }
+}
+
 export const sources: Effect.Effect<Sources, never, Scope.Scope> = Effect.withFiberRuntime(
   (fiber, status) => {
     const services = fiber.currentDefaultServices
-    const clock = Context.get(services, Clock.Clock)
     const context = fiber.currentContext as Context.Context<never>
-    const { runtimeFlags } = status
-    let runtime: Runtime.Runtime<never> | undefined
-    return Effect.succeed({
-      scope: Context.unsafeGet(context, Scope.Scope),
-      get runtime() {
-        runtime ??= Runtime.make({ context, fiberRefs: fiber.getFiberRefs(), runtimeFlags })
-        return runtime
-      },
-      clock,
-      draw: drawFrom(Context.get(services, Random.Random)),
-      now: () => clock.unsafeCurrentTimeMillis(),
-    })
+    return Effect.succeed(
+      new FiberSources(
+        Context.unsafeGet(context, Scope.Scope),
+        Context.get(services, Clock.Clock),
+        Context.get(services, Random.Random),
+        fiber,
+        context,
+        status.runtimeFlags,
+      ),
+    )
   },
 )
 
