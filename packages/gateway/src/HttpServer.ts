@@ -88,16 +88,16 @@ const authenticate = (req: IncomingMessage) =>
   )
 
 /*
- * The chat path's Effect.gen bodies (here, RequestPolicy.normalize, the single
- * strategy, the answer) are generator functions declared once, at module level,
- * given the request as arguments — not `Effect.gen(function* () { … })` made
- * per request (the Redis, simulator and /v1/models paths still make theirs;
- * BENCHMARKS.md lists them). V8 gives every
+ * The request path's Effect.gen bodies (here, RequestPolicy.normalize, the
+ * single strategy, the answer, admission, /v1/models) are generator functions
+ * declared once, at module level, given the request as arguments — not
+ * `Effect.gen(function* () { … })` made per request. V8 gives every
  * generator-function closure a hidden class of its own in the old generation,
  * pointing back at the closure: all it captures (the request, the response,
- * their state) then outlives young collections. Together with
- * `--no-allocation-site-pretenuring` (set by the bin) this halves what a
- * request promotes and cuts its CPU by ~15 % (BENCHMARKS.md, 2026-11-26).
+ * their state) then outlives young collections. An object literal with a
+ * getter does the same (test/SourceShapes.test.ts keeps those out). With
+ * these gone and `--no-allocation-site-pretenuring` (set by the bin), a chat
+ * completion promotes ~1 KB instead of ~21 KB (BENCHMARKS.md, 2026-11-26).
  */
 function* chatCompletionBody(
   req: IncomingMessage,
@@ -204,25 +204,34 @@ const admitAndHold = <P, H, E1, E2, R1, R2>(
         return Effect.map(holding, (hold) => ({ permit, hold }))
       })
     }
-    return Effect.gen(function* () {
-      // Two scopes, closed together by one finalizer: the release and the settlement leave in one write.
-      const scope = Context.unsafeGet(context, Scope.Scope)
-      const limits = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-      const money = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-      yield* Scope.addFinalizerExit(scope, (exit) =>
-        Effect.flatMap(Effect.forkDaemon(Scope.close(money, exit)), (settling) =>
-          Effect.zipRight(Scope.close(limits, exit), Fiber.join(settling)),
-        ),
-      )
-      const held = yield* Effect.fork(Effect.either(Effect.provideService(holding, Scope.Scope, money)))
-      const permit = yield* Effect.either(Effect.provideService(admission, Scope.Scope, limits))
-      const hold = yield* Fiber.join(held)
-      if (Either.isLeft(permit)) return yield* Effect.fail(permit.left)
-      onAdmitted()
-      if (Either.isLeft(hold)) return yield* Effect.fail(hold.left)
-      return { permit: permit.right, hold: hold.right }
-    })
+    return Effect.gen(() =>
+      admitAndHoldApartBody(Context.unsafeGet(context, Scope.Scope), admission, holding, onAdmitted),
+    )
   })
+
+// Declared once, not made per call (the rule at the top of this module).
+function* admitAndHoldApartBody<P, H, E1, E2, R1, R2>(
+  scope: Scope.Scope,
+  admission: Effect.Effect<P, E1, R1>,
+  holding: Effect.Effect<H, E2, R2>,
+  onAdmitted: () => void,
+) {
+  // Two scopes, closed together by one finalizer: the release and the settlement leave in one write.
+  const limits = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+  const money = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+  yield* Scope.addFinalizerExit(scope, (exit) =>
+    Effect.flatMap(Effect.forkDaemon(Scope.close(money, exit)), (settling) =>
+      Effect.zipRight(Scope.close(limits, exit), Fiber.join(settling)),
+    ),
+  )
+  const held = yield* Effect.fork(Effect.either(Effect.provideService(holding, Scope.Scope, money)))
+  const permit = yield* Effect.either(Effect.provideService(admission, Scope.Scope, limits))
+  const hold = yield* Fiber.join(held)
+  if (Either.isLeft(permit)) return yield* Effect.fail(permit.left)
+  onAdmitted()
+  if (Either.isLeft(hold)) return yield* Effect.fail(hold.left)
+  return { permit: permit.right, hold: hold.right }
+}
 
 /**
  * Spec §5: revoking a key stops the applications using it. When the key or

@@ -236,33 +236,43 @@ export const admit = (
     )
   })
 
+// The generator bodies below are declared once, not made per call (HttpServer.ts says why).
+
+/** Runs before the release: a request that started counts even if nothing committed it yet. */
+function* countedBody(permit: Quota.Permit, outcome: Pick<Outcome, "started">, res: ServerResponse) {
+  if (outcome.started) yield* permit.commit
+  // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
+  if (!(yield* permit.isCommitted) && !res.headersSent)
+    for (const name of RATE_HEADERS) res.removeHeader(name)
+}
+
+function* admitAsyncBody(
+  res: ServerResponse,
+  quota: Quota.QuotaShape,
+  request: Quota.AdmitRequest,
+  outcome: Pick<Outcome, "started">,
+) {
+  const admission = yield* quota.admit(request)
+  if (admission._tag === "Refused") {
+    setRateHeaders(res, admission.rates)
+    return yield* Effect.fail(admission.error)
+  }
+  setRateHeaders(res, admission.permit.rates)
+  const { permit } = admission
+  yield* Scope.addFinalizer(
+    yield* Effect.scope,
+    Effect.gen(() => countedBody(permit, outcome, res)),
+  )
+  return permit
+}
+
 /** Admission through the quota service's Effect path: a queue wait, or a remote store (Redis). */
 const admitAsync = (
   res: ServerResponse,
   quota: Quota.QuotaShape,
   request: Quota.AdmitRequest,
   outcome: Pick<Outcome, "started">,
-) =>
-  Effect.gen(function* () {
-    const admission = yield* quota.admit(request)
-    if (admission._tag === "Refused") {
-      setRateHeaders(res, admission.rates)
-      return yield* Effect.fail(admission.error)
-    }
-    setRateHeaders(res, admission.permit.rates)
-    const { permit } = admission
-    // Runs before the release: a request that started counts even if nothing committed it yet.
-    yield* Scope.addFinalizer(
-      yield* Effect.scope,
-      Effect.gen(function* () {
-        if (outcome.started) yield* permit.commit
-        // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
-        if (!(yield* permit.isCommitted) && !res.headersSent)
-          for (const name of RATE_HEADERS) res.removeHeader(name)
-      }),
-    )
-    return permit
-  })
+) => Effect.gen(() => admitAsyncBody(res, quota, request, outcome))
 
 // --- the admin view -----------------------------------------------------------------------
 
