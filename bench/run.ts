@@ -3,7 +3,7 @@
  * on this machine's two cores — the process under test alone on core 1, the
  * load generator (this process) and the upstream node on core 0.
  *
- * Sections (all by default; `--only main,crosscheck,ablation,profile,components,streams,sim,nodes`):
+ * Sections (all by default; `--only main,counts,gc,crosscheck,ablation,profile,components,streams,sim,nodes`):
  *   main        JSON, SSE 20 and SSE 200 chunks: direct / bare proxy (undici) /
  *               bare proxy (fetch) / swarmgate — throughput and CPU at 32
  *               connections, latency at one
@@ -42,6 +42,7 @@ import {
   waitReady,
 } from "../apps/loadtest/src/Spawn"
 import { measureAutocannon } from "./Autocannon"
+import { type GcRow, gcRow, gcTable, watchCollections } from "./Collections"
 import {
   type InstructionsCase,
   type InstructionsRow,
@@ -79,7 +80,7 @@ const { values } = parseArgs({
 })
 const quick = values.quick === true
 const sections = new Set(
-  (values.only ?? "main,counts,crosscheck,ablation,profile,components,streams,sim,nodes").split(","),
+  (values.only ?? "main,counts,gc,crosscheck,ablation,profile,components,streams,sim,nodes").split(","),
 )
 const OUT = values.out ?? join(REPO_ROOT, quick ? "reports/bench-quick" : "bench/results")
 const RAW = join(REPO_ROOT, "reports", `bench-${new Date().toISOString().replace(/[:.]/g, "-")}`)
@@ -326,9 +327,12 @@ const main = async () => {
   const nodes: Array<NodesRow> = []
   const profiles: Array<ProfileResult> = []
   const counts: Array<CountRow> = []
+  const gc: Array<GcRow> = []
   const instructions: Array<InstructionsRow> = []
 
-  if (["main", "crosscheck", "ablation", "profile", "components"].some((section) => sections.has(section))) {
+  if (
+    ["main", "gc", "crosscheck", "ablation", "profile", "components"].some((section) => sections.has(section))
+  ) {
     const instant = await startScript("instant node", "instant-node.ts", ["--port", "0"])
     const proxy = await startScript("bare proxy", "proxy.ts", ["--port", "0", "--upstream", instant.url])
     const proxyFetch = await startScript("bare proxy (fetch)", "proxy.ts", [
@@ -484,6 +488,34 @@ const main = async () => {
           )
         await stopSwarmgate(setup)
       }
+    }
+
+    if (sections.has("gc")) {
+      log("section gc: what a request leaves to the garbage collector (node --trace-gc-nvp)")
+      const traced = await startSwarmgate({ SWARMGATE_NODES_FILE: file }, ["--trace-gc-nvp"])
+      const endpoint: Endpoint = {
+        target: "swarmgate (GC traced)",
+        url: traced.gateway.baseUrl,
+        key: traced.key,
+        model: "swarm-prime",
+        pid: traced.gateway.child.pid,
+      }
+      const collections = watchCollections(traced.gateway.child)
+      pinAll([...allPids().filter((p) => p !== endpoint.pid), endpoint.pid], endpoint.pid)
+      // Every mode warmed first, as in the main section: a path first run after others is cold.
+      for (const mode of MODES) await run(loadOptions(endpoint, mode, sat.c, seconds(2), 0))
+      for (const mode of MODES)
+        for (const c of [1, sat.c]) {
+          await run(loadOptions(endpoint, mode, c, seconds(1), 0))
+          const before = collections.totals()
+          const result = await run(loadOptions(endpoint, mode, c, sat.duration, 0))
+          const row = gcRow(mode.name, c, result.requests.succeeded, before, collections.totals())
+          gc.push(row)
+          log(
+            `gc ${mode.name} c=${c}: ${fmt(row.allocatedKiB, 1)} KiB allocated, ${fmt(row.promotedKiB, 2)} KiB promoted, ${fmt(row.scavengeMicros, 1)} µs in scavenges per request`,
+          )
+        }
+      await stopSwarmgate(traced)
     }
 
     if (sections.has("profile")) {
@@ -732,6 +764,7 @@ const main = async () => {
     nodes,
     profiles,
     counts,
+    gc,
     instructions,
   }
   const resultsFile = join(OUT, "results.json")
@@ -977,6 +1010,7 @@ interface Results {
   readonly nodes: ReadonlyArray<NodesRow>
   readonly profiles: ReadonlyArray<ProfileResult>
   readonly counts: ReadonlyArray<CountRow>
+  readonly gc?: ReadonlyArray<GcRow> | undefined
   readonly instructions: ReadonlyArray<InstructionsRow>
 }
 
@@ -1303,6 +1337,12 @@ const report = (r: Results): string => {
       "### What one request costs inside the gateway (counted, per request)\n",
       `${COUNTED} sequential requests after 200 of warm-up, against the instant node, counted inside the gateway process by \`bench/counters.mjs\` (a preload that wraps Effect's run-loop handlers and fiber start, timers, better-sqlite3 / pg statements and ioredis commands at run time); the gateway runs from its sources under tsx here so the counters see its modules. Scaled out = PostgreSQL + Redis (\`DATABASE_URL\`, \`REDIS_URL\`). SQL statements are the ledger's batched writes, per request.\n`,
       countsTable(r.counts),
+    )
+  if (r.gc !== undefined && r.gc.length > 0)
+    parts.push(
+      "### What a request leaves to the garbage collector (per request)\n",
+      "The compiled gateway (as `npm start` runs it) under `node --trace-gc-nvp`, against the instant node, each mode warmed first; the collections V8 reports while the load ran, divided by its successful requests. *Promoted* is what survived young collections and moved to the old generation: a request that lives a few milliseconds should leave almost nothing there, and what it does leave is copied, then marked and compacted later. Pauses are the main thread's.\n",
+      gcTable(r.gc),
     )
   if (r.instructions.length > 0)
     parts.push(
