@@ -311,45 +311,47 @@ export const make = (
       )
     }
 
+    // Request-path generator bodies are declared once per book, not made per call (gateway/HttpServer.ts says why).
+
     /** One try against the shared book, seeding it or re-reading credits once where that may help. */
-    const reserveAttempt = (input: ReserveInput) =>
-      Effect.gen(function* () {
-        const now = yield* Clock.currentTimeMillis
-        const attempt = (at: number) =>
-          reserveOnce(input, at).pipe(Effect.mapError(unavailable("could not place the hold")))
-        let result = yield* attempt(now)
-        if (result === "missing") {
-          yield* ensure([input.accountId], [input.keyId])
-          result = yield* attempt(now)
+    function* reserveAttemptBody(input: ReserveInput) {
+      const now = yield* Clock.currentTimeMillis
+      const attempt = (at: number) =>
+        reserveOnce(input, at).pipe(Effect.mapError(unavailable("could not place the hold")))
+      let result = yield* attempt(now)
+      if (result === "missing") {
+        yield* ensure([input.accountId], [input.keyId])
+        result = yield* attempt(now)
+      }
+      if (result === "insufficient_balance" || result === "payment_hold") {
+        // Credit may have arrived through another process: look once, at most every refreshMillis.
+        if (now - (checkedAt.get(input.accountId) ?? Number.NEGATIVE_INFINITY) >= refreshMillis) {
+          checkedAt.set(input.accountId, now)
+          yield* refreshCredits([input.accountId])
+          result = yield* attempt(yield* Clock.currentTimeMillis)
         }
-        if (result === "insufficient_balance" || result === "payment_hold") {
-          // Credit may have arrived through another process: look once, at most every refreshMillis.
-          if (now - (checkedAt.get(input.accountId) ?? Number.NEGATIVE_INFINITY) >= refreshMillis) {
-            checkedAt.set(input.accountId, now)
-            yield* refreshCredits([input.accountId])
-            result = yield* attempt(yield* Clock.currentTimeMillis)
-          }
-        }
-        if (result === "missing") return yield* Effect.die(new Error(`reserve: unknown account or key`))
-        if (result === "duplicate") return yield* Effect.die(new Error(`duplicate hold ${input.requestId}`))
-        if (typeof result === "string") {
-          if (REFUSALS.has(result)) return result as Shortfall
-          return yield* Effect.die(new Error(`reserve: unexpected reply ${result}`))
-        }
-        const hold: Hold = {
-          requestId: input.requestId,
-          accountId: input.accountId,
-          keyId: input.keyId,
-          model: input.model,
-          promptTokens: input.promptTokens,
-          amountMicros: result.amount,
-          maxTokens: result.cap,
-          createdAt: now,
-          expiresAt: now + input.ttlMillis,
-        }
-        local.set(hold.requestId, hold)
-        return hold
-      })
+      }
+      if (result === "missing") return yield* Effect.die(new Error(`reserve: unknown account or key`))
+      if (result === "duplicate") return yield* Effect.die(new Error(`duplicate hold ${input.requestId}`))
+      if (typeof result === "string") {
+        if (REFUSALS.has(result)) return result as Shortfall
+        return yield* Effect.die(new Error(`reserve: unexpected reply ${result}`))
+      }
+      const hold: Hold = {
+        requestId: input.requestId,
+        accountId: input.accountId,
+        keyId: input.keyId,
+        model: input.model,
+        promptTokens: input.promptTokens,
+        amountMicros: result.amount,
+        maxTokens: result.cap,
+        createdAt: now,
+        expiresAt: now + input.ttlMillis,
+      }
+      local.set(hold.requestId, hold)
+      return hold
+    }
+    const reserveAttempt = (input: ReserveInput) => Effect.gen(() => reserveAttemptBody(input))
 
     // Other instances settle holds too: a waiting request looks again at this interval.
     const released = (millis: number) => Effect.sleep(Math.min(millis, WAIT_POLL_MILLIS))
@@ -413,62 +415,61 @@ export const make = (
     }).pipe(Effect.ignore)
 
     /** Redis may blink; a charge is worth a few quick retries before it is left to the lease. */
-    const retried = <A>(effect: Effect.Effect<A, R.RedisFailure>) =>
-      Effect.gen(function* () {
-        let last: R.RedisFailure | undefined
-        for (let attempt = 1; attempt <= 3; attempt++) {
-          const result = yield* Effect.either(effect)
-          if (result._tag === "Right") return result.right
-          last = result.left
-          yield* sleepReal(50 * attempt)
-        }
-        return yield* Effect.fail(last!)
-      })
+    function* retriedBody<A>(effect: Effect.Effect<A, R.RedisFailure>) {
+      let last: R.RedisFailure | undefined
+      for (let attempt = 1; attempt <= 3; attempt++) {
+        const result = yield* Effect.either(effect)
+        if (result._tag === "Right") return result.right
+        last = result.left
+        yield* sleepReal(50 * attempt)
+      }
+      return yield* Effect.fail(last!)
+    }
+    const retried = <A>(effect: Effect.Effect<A, R.RedisFailure>) => Effect.gen(() => retriedBody(effect))
 
-    const settle = (requestId: string, settlement: Settlement) =>
-      Effect.uninterruptible(
-        Effect.gen(function* () {
-          if (fallback !== undefined && fallbackHolds.delete(requestId)) {
-            const entry = yield* fallback.settle(requestId, settlement)
-            if (entry !== undefined && entry.costMicros > 0)
-              replay.push({
-                accountId: entry.accountId,
-                keyId: entry.keyId,
-                charge: entry.costMicros,
-                at: entry.createdAt,
-              })
-            return entry
-          }
-          const hold = local.get(requestId)
-          if (hold === undefined) return undefined
-          local.delete(requestId)
-          const now = yield* Clock.currentTimeMillis
-          const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
-          const chargedMicros = Math.max(0, Math.min(cost, hold.amountMicros))
-          const entry = LedgerWriter.usageEntry(hold, settlement, chargedMicros, now)
-          const charged = yield* retried(
-            run(
-              Scripts.settle,
-              [K.holds, K.holdIndex, K.queue],
-              [base, requestId, entry.costMicros, startOfUtcMonth(now), JSON.stringify(entry)],
+    function* settleBody(requestId: string, settlement: Settlement) {
+      if (fallback !== undefined && fallbackHolds.delete(requestId)) {
+        const entry = yield* fallback.settle(requestId, settlement)
+        if (entry !== undefined && entry.costMicros > 0)
+          replay.push({
+            accountId: entry.accountId,
+            keyId: entry.keyId,
+            charge: entry.costMicros,
+            at: entry.createdAt,
+          })
+        return entry
+      }
+      const hold = local.get(requestId)
+      if (hold === undefined) return undefined
+      local.delete(requestId)
+      const now = yield* Clock.currentTimeMillis
+      const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
+      const chargedMicros = Math.max(0, Math.min(cost, hold.amountMicros))
+      const entry = LedgerWriter.usageEntry(hold, settlement, chargedMicros, now)
+      const charged = yield* retried(
+        run(
+          Scripts.settle,
+          [K.holds, K.holdIndex, K.queue],
+          [base, requestId, entry.costMicros, startOfUtcMonth(now), JSON.stringify(entry)],
+        ),
+      ).pipe(
+        Effect.catchAll((e) =>
+          Effect.as(
+            Effect.logError(
+              `billing: settling ${requestId} failed (${e.reason}); its hold lapses within the lease, uncharged`,
             ),
-          ).pipe(
-            Effect.catchAll((e) =>
-              Effect.as(
-                Effect.logError(
-                  `billing: settling ${requestId} failed (${e.reason}); its hold lapses within the lease, uncharged`,
-                ),
-                0,
-              ),
-            ),
-          )
-          if (Number(charged) !== 1) return undefined
-          settledSinceWrite++
-          wake.unsafeOpen()
-          if (settledSinceWrite >= batchMax) full.unsafeOpen()
-          return entry
-        }),
+            0,
+          ),
+        ),
       )
+      if (Number(charged) !== 1) return undefined
+      settledSinceWrite++
+      wake.unsafeOpen()
+      if (settledSinceWrite >= batchMax) full.unsafeOpen()
+      return entry
+    }
+    const settle = (requestId: string, settlement: Settlement) =>
+      Effect.uninterruptible(Effect.gen(() => settleBody(requestId, settlement)))
 
     const voidHold = (requestId: string) =>
       Effect.suspend(() => {

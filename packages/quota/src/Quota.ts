@@ -303,115 +303,121 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         return Effect.logWarning(`quota store: ${what} failed (${error.reason})`)
       })
 
+    // Declared once per service, not made per request (gateway/HttpServer.ts says why).
+    function* admitNormalizedBody(
+      request: Normalized,
+      maxWait: number,
+      restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
+    ) {
+      if (inFlight >= maxInFlight) return yield* Effect.fail(instanceFull)
+      inFlight++
+      const permit = yield* newPermitId
+      const state = {
+        done: false,
+        committed: false,
+        /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
+        committedAt: undefined as number | undefined,
+      }
+      // The deferred commit's age in µs, or undefined once delivered (or for a store that commits at once).
+      const commitAgo = (now: number) =>
+        state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
+      const finish = (stored: boolean) =>
+        Effect.suspend(() => {
+          if (state.done) return Effect.void
+          state.done = true
+          inFlight--
+          if (!stored) return Effect.void
+          return Effect.flatMap(Clock.currentTimeMillis, (now) =>
+            store.release(request, permit, state.committed, commitAgo(now)),
+          ).pipe(Effect.catchAll(warn("release")))
+        })
+
+      const first = yield* Effect.either(store.admit(request, permit))
+      if (Either.isLeft(first)) {
+        yield* warn("admit")(first.left)
+        if (!failOpen) {
+          yield* finish(false)
+          return yield* Effect.fail(storeDown)
+        }
+        yield* Scope.addFinalizer(yield* Effect.scope, finish(false))
+        return { _tag: "Admitted", permit: openPermit } satisfies Admission
+      }
+      const outcome = first.right
+      const rates = outcome.rates.map(rateStatus)
+      if (outcome._tag === "RateLimited" || outcome._tag === "ConcurrencyLimited") {
+        yield* finish(false)
+        const error =
+          outcome._tag === "RateLimited"
+            ? rateRefusal(request, outcome.limit, outcome.waitMicros)
+            : concurrencyRefusal(outcome.waitMicros)
+        return { _tag: "Refused", error, rates } satisfies Admission
+      }
+      // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
+      yield* Scope.addFinalizer(yield* Effect.scope, finish(true))
+
+      if (outcome._tag === "Queued") {
+        const waited = yield* Effect.either(restore(store.awaitSlot(request, permit, maxWait)))
+        if (Either.isLeft(waited)) {
+          yield* warn("queue")(waited.left)
+          if (!failOpen) {
+            yield* finish(true)
+            return yield* Effect.fail(storeDown)
+          }
+        } else if (waited.right._tag === "TimedOut") {
+          yield* finish(true)
+          return {
+            _tag: "Refused",
+            error: concurrencyRefusal(waited.right.waitMicros),
+            rates,
+          } satisfies Admission
+        }
+      }
+
+      const lease = store.leaseMillis
+      if (lease !== undefined) {
+        yield* Effect.sleep(Math.max(1, Math.floor(lease / 3))).pipe(
+          Effect.zipRight(
+            Effect.flatMap(Clock.currentTimeMillis, (now) => {
+              const ago = commitAgo(now)
+              // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
+              if (state.committed && ago === undefined && request.concurrency === undefined)
+                return Effect.void
+              return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
+                // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
+                if (ago !== undefined) state.committedAt = undefined
+              })
+            }),
+          ),
+          Effect.catchAll(warn("renew")),
+          Effect.forever,
+          // Forked from an uninterruptible region: without this the scope could never stop it.
+          Effect.interruptible,
+          Effect.forkScoped,
+        )
+      }
+      const commit = Effect.suspend(() => {
+        if (state.committed || state.done) return Effect.void
+        const commitNow = store.commit
+        if (commitNow === undefined) {
+          // No round trip at the first token: the release (or the next renewal) carries the commit,
+          // charged as of now.
+          return Effect.map(Clock.currentTimeMillis, (now) => {
+            if (state.committed || state.done) return
+            state.committed = true
+            state.committedAt = now
+          })
+        }
+        state.committed = true
+        return Effect.catchAll(commitNow(request, permit), warn("commit"))
+      })
+      return {
+        _tag: "Admitted",
+        permit: { rates, commit, isCommitted: Effect.sync(() => state.committed) },
+      } satisfies Admission
+    }
     const admitNormalized = (request: Normalized, maxWait: number) =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.gen(function* () {
-          if (inFlight >= maxInFlight) return yield* Effect.fail(instanceFull)
-          inFlight++
-          const permit = yield* newPermitId
-          const state = {
-            done: false,
-            committed: false,
-            /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
-            committedAt: undefined as number | undefined,
-          }
-          // The deferred commit's age in µs, or undefined once delivered (or for a store that commits at once).
-          const commitAgo = (now: number) =>
-            state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
-          const finish = (stored: boolean) =>
-            Effect.suspend(() => {
-              if (state.done) return Effect.void
-              state.done = true
-              inFlight--
-              if (!stored) return Effect.void
-              return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-                store.release(request, permit, state.committed, commitAgo(now)),
-              ).pipe(Effect.catchAll(warn("release")))
-            })
-
-          const first = yield* Effect.either(store.admit(request, permit))
-          if (Either.isLeft(first)) {
-            yield* warn("admit")(first.left)
-            if (!failOpen) {
-              yield* finish(false)
-              return yield* Effect.fail(storeDown)
-            }
-            yield* Scope.addFinalizer(yield* Effect.scope, finish(false))
-            return { _tag: "Admitted", permit: openPermit } satisfies Admission
-          }
-          const outcome = first.right
-          const rates = outcome.rates.map(rateStatus)
-          if (outcome._tag === "RateLimited" || outcome._tag === "ConcurrencyLimited") {
-            yield* finish(false)
-            const error =
-              outcome._tag === "RateLimited"
-                ? rateRefusal(request, outcome.limit, outcome.waitMicros)
-                : concurrencyRefusal(outcome.waitMicros)
-            return { _tag: "Refused", error, rates } satisfies Admission
-          }
-          // Scope.addFinalizer, not Effect.addFinalizer: no fiber-ref diff and patch per request.
-          yield* Scope.addFinalizer(yield* Effect.scope, finish(true))
-
-          if (outcome._tag === "Queued") {
-            const waited = yield* Effect.either(restore(store.awaitSlot(request, permit, maxWait)))
-            if (Either.isLeft(waited)) {
-              yield* warn("queue")(waited.left)
-              if (!failOpen) {
-                yield* finish(true)
-                return yield* Effect.fail(storeDown)
-              }
-            } else if (waited.right._tag === "TimedOut") {
-              yield* finish(true)
-              return {
-                _tag: "Refused",
-                error: concurrencyRefusal(waited.right.waitMicros),
-                rates,
-              } satisfies Admission
-            }
-          }
-
-          const lease = store.leaseMillis
-          if (lease !== undefined) {
-            yield* Effect.sleep(Math.max(1, Math.floor(lease / 3))).pipe(
-              Effect.zipRight(
-                Effect.flatMap(Clock.currentTimeMillis, (now) => {
-                  const ago = commitAgo(now)
-                  // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
-                  if (state.committed && ago === undefined && request.concurrency === undefined)
-                    return Effect.void
-                  return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
-                    // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
-                    if (ago !== undefined) state.committedAt = undefined
-                  })
-                }),
-              ),
-              Effect.catchAll(warn("renew")),
-              Effect.forever,
-              // Forked from an uninterruptible region: without this the scope could never stop it.
-              Effect.interruptible,
-              Effect.forkScoped,
-            )
-          }
-          const commit = Effect.suspend(() => {
-            if (state.committed || state.done) return Effect.void
-            const commitNow = store.commit
-            if (commitNow === undefined) {
-              // No round trip at the first token: the release (or the next renewal) carries the commit,
-              // charged as of now.
-              return Effect.map(Clock.currentTimeMillis, (now) => {
-                if (state.committed || state.done) return
-                state.committed = true
-                state.committedAt = now
-              })
-            }
-            state.committed = true
-            return Effect.catchAll(commitNow(request, permit), warn("commit"))
-          })
-          return {
-            _tag: "Admitted",
-            permit: { rates, commit, isCommitted: Effect.sync(() => state.committed) },
-          } satisfies Admission
-        }),
+        Effect.gen(() => admitNormalizedBody(request, maxWait, restore)),
       )
 
     // Permit ids of the synchronous path: unique in this process, which is all a memory store needs.
