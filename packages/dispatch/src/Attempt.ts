@@ -229,7 +229,8 @@ export const launch = (
   startedAt: number,
   report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
 ): Effect.Effect<Attempt> =>
-  Effect.flatMap(Finalizers.group(parent), (held) => {
+  Effect.suspend(() => {
+    const held = Finalizers.groupNow(parent)
     const attempt: Attempt = {
       slot,
       held,

@@ -66,31 +66,43 @@ const runAll = <A>(list: Array<(a: A) => void>, a: A) => {
   if (threw) throw error
 }
 
-/** Adds `cleanup` to the plain cleanups of `scope`. */
+/**
+ * Adds `cleanup` to the plain cleanups of `scope`, as a plain call: for code
+ * already running on the scope's fiber (inside `withFiberRuntime`, a
+ * generator body), so that adding costs no Effect step either. A new
+ * segment's finalizer goes into the open scope's map the way Effect's own
+ * scopes add theirs; a scope of another kind gets it through
+ * `Scope.addFinalizerExit`, run at once.
+ */
+export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
+  const current = segmentOf(scope)
+  if (current !== undefined && current.exit !== undefined) {
+    cleanup(current.exit)
+    return
+  }
+  const map = finalizersOf(scope)
+  if (current !== undefined && map !== undefined && isLast(map, current.finalizer)) {
+    current.list.push(cleanup)
+    return
+  }
+  const list = [cleanup]
+  const segment: Segment = {
+    list,
+    exit: undefined,
+    finalizer: (exit) =>
+      Effect.sync(() => {
+        segment.exit = exit
+        runAll(list, exit)
+      }),
+  }
+  ;(scope as WithSegment)[SEGMENT] = segment
+  if (map !== undefined) map.set({}, segment.finalizer)
+  else Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
+}
+
+/** `addNow` as an Effect. */
 export const add = (scope: Scope.Scope, cleanup: Cleanup): Effect.Effect<void> =>
-  Effect.suspend(() => {
-    const current = segmentOf(scope)
-    if (current !== undefined) {
-      if (current.exit !== undefined) return Effect.sync(() => cleanup(current.exit!))
-      const map = finalizersOf(scope)
-      if (map !== undefined && isLast(map, current.finalizer)) {
-        current.list.push(cleanup)
-        return Effect.void
-      }
-    }
-    const list = [cleanup]
-    const segment: Segment = {
-      list,
-      exit: undefined,
-      finalizer: (exit) =>
-        Effect.sync(() => {
-          segment.exit = exit
-          runAll(list, exit)
-        }),
-    }
-    ;(scope as WithSegment)[SEGMENT] = segment
-    return Scope.addFinalizerExit(scope, segment.finalizer)
-  })
+  Effect.sync(() => addNow(scope, cleanup))
 
 /** Cleanups released together, early or with the scope they were made in (an attempt's slot and stream). */
 export interface Group {
@@ -100,21 +112,23 @@ export interface Group {
   readonly close: () => void
 }
 
-export const group = (scope: Scope.Scope): Effect.Effect<Group> =>
-  Effect.suspend(() => {
-    const list: Array<() => void> = []
-    let closed = false
-    const close = () => {
-      if (closed) return
-      closed = true
-      runAll(list, undefined)
-    }
-    const made: Group = {
-      add: (cleanup) => {
-        if (closed) cleanup()
-        else list.push(cleanup)
-      },
-      close,
-    }
-    return Effect.as(add(scope, close), made)
-  })
+/** A group released with `scope` unless closed first, made by a plain call (see `addNow`). */
+export const groupNow = (scope: Scope.Scope): Group => {
+  const list: Array<() => void> = []
+  let closed = false
+  const close = () => {
+    if (closed) return
+    closed = true
+    runAll(list, undefined)
+  }
+  addNow(scope, close)
+  return {
+    add: (cleanup) => {
+      if (closed) cleanup()
+      else list.push(cleanup)
+    },
+    close,
+  }
+}
+
+export const group = (scope: Scope.Scope): Effect.Effect<Group> => Effect.sync(() => groupNow(scope))

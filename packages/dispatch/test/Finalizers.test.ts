@@ -68,6 +68,33 @@ describe("Finalizers", () => {
     }),
   )
 
+  it.effect(
+    "addNow adds by a plain call; on a scope closed before any cleanup it runs at once with the scope's exit",
+    () =>
+      Effect.gen(function* () {
+        const scope = yield* Scope.make()
+        const ran: Array<string> = []
+        Finalizers.addNow(scope, () => ran.push("a"))
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran.push("own")),
+        )
+        Finalizers.addNow(scope, () => ran.push("b"))
+        Finalizers.addNow(scope, () => ran.push("c"))
+        expect(ran).toEqual([])
+        yield* Scope.close(scope, Exit.void)
+        expect(ran).toEqual(["c", "b", "own", "a"])
+
+        const closed = yield* Scope.make()
+        yield* Scope.close(closed, Exit.interrupt(FiberId.none))
+        let seen: Exit.Exit<unknown, unknown> | undefined
+        Finalizers.addNow(closed, (exit) => {
+          seen = exit
+        })
+        expect(seen !== undefined && Exit.isInterrupted(seen)).toBe(true)
+      }),
+  )
+
   it.effect("a group closes once: early, or with its scope", () =>
     Effect.gen(function* () {
       const scope = yield* Scope.make()

@@ -120,19 +120,17 @@ export const hold = (
       if (now !== undefined) {
         if (Either.isLeft(now)) return Effect.fail(now.left)
         // A plain cleanup, not acquireRelease: no fiber-ref diff and patch, no Effect step per request.
-        return Effect.as(
-          Finalizers.add(scope, (exit) => {
-            const ended = usageOutcome(outcome, exit)
-            if (ended === "void") {
-              voidNow(requestId)
-              return
-            }
-            const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
-            const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
-            onSettled?.(settlement, entry)
-          }),
-          now.right,
-        )
+        Finalizers.addNow(scope, (exit) => {
+          const ended = usageOutcome(outcome, exit)
+          if (ended === "void") {
+            voidNow(requestId)
+            return
+          }
+          const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+          const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
+          onSettled?.(settlement, entry)
+        })
+        return Effect.succeed(now.right)
       }
     }
     return Effect.uninterruptible(

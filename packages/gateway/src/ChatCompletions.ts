@@ -450,7 +450,7 @@ export const respond = (
     }
 
     // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
-    const cleanup = Finalizers.add(Context.unsafeGet(context, Scope.Scope), () => {
+    Finalizers.addNow(Context.unsafeGet(context, Scope.Scope), () => {
       cancelDeadline()
       offs.halt?.()
       offs.keepAlive?.()
@@ -461,8 +461,7 @@ export const respond = (
         outcome.completionTokens = Tokens.count(text.text)
     })
 
-    const answer = Effect.gen(() =>
+    return Effect.gen(() =>
       answerBody(res, requestId, request, outcome, hooks, dispatcher, config, text, id, created, stop, offs),
     )
-    return Effect.zipRight(cleanup, answer)
   })

@@ -13,7 +13,7 @@ import {
   RequestTooLarge,
   renderError,
 } from "@swarmgate/protocol"
-import { Effect } from "effect"
+import { Effect, Exit } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
 export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
@@ -74,9 +74,14 @@ export const isJsonContentType = (value: string | undefined) => {
   return (semi < 0 ? value : value.slice(0, semi)).trim().toLowerCase() === "application/json"
 }
 
-/** Reads the whole body within the size limit and the arrival deadline. */
-export const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
-  Effect.async<Buffer, RequestTooLarge | RequestTimeout>((resume) => {
+/** Reads the whole body within the size limit and the arrival deadline, and hands it to `done` in the same wait. */
+const readWith = <A, E>(
+  req: IncomingMessage,
+  config: GatewayConfigShape,
+  startedAt: number,
+  done: (body: Buffer) => Effect.Effect<A, E>,
+) =>
+  Effect.async<A, E | RequestTooLarge | RequestTimeout>((resume) => {
     const tooLarge = () =>
       new RequestTooLarge({
         message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
@@ -106,7 +111,7 @@ export const readBody = (req: IncomingMessage, config: GatewayConfigShape, start
     }
     const onEnd = () => {
       cleanup()
-      resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
+      resume(done(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
     }
     // One shared list for every body's deadline, counted from the request's arrival.
     const cancelTimer = Timers.deadline(
@@ -129,11 +134,22 @@ export const readBody = (req: IncomingMessage, config: GatewayConfigShape, start
     return Effect.sync(cleanup)
   })
 
-export const parseJson = (buffer: Buffer) =>
-  Effect.try({
-    try: () => JSON.parse(buffer.toString("utf8")) as unknown,
-    catch: () => new InvalidRequest({ message: "The request body is not valid JSON.", param: null }),
-  })
+/** The body as JSON; an `Exit`, which is an Effect too (no step to run it). */
+export const parseJson = (buffer: Buffer): Exit.Exit<unknown, InvalidRequest> => {
+  try {
+    return Exit.succeed(JSON.parse(buffer.toString("utf8")) as unknown)
+  } catch {
+    return Exit.fail(new InvalidRequest({ message: "The request body is not valid JSON.", param: null }))
+  }
+}
+
+/** Reads the whole body within the size limit and the arrival deadline. */
+export const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
+  readWith(req, config, startedAt, (body) => Exit.succeed(body))
+
+/** `readBody` parsed as JSON, in the same wait. */
+export const readJson = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
+  readWith(req, config, startedAt, parseJson)
 
 /**
  * A §7 refusal as the one renderer makes it (status, headers, body with the

@@ -38,15 +38,7 @@ import {
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig } from "./GatewayConfig"
-import {
-  closeAfterUnreadBody,
-  empty,
-  isJsonContentType,
-  parseJson,
-  readBody,
-  sendError,
-  sendJson,
-} from "./HttpIo"
+import { closeAfterUnreadBody, empty, isJsonContentType, readJson, sendError, sendJson } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
@@ -111,7 +103,7 @@ function* chatCompletionBody(
     return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
   }
   const config = yield* GatewayConfig
-  const json = yield* Effect.flatMap(readBody(req, config, startedAt), parseJson)
+  const json = yield* readJson(req, config, startedAt)
   const decoded = decodeChatCompletionRequest(json)
   if (Either.isLeft(decoded)) return yield* decoded.left
   const dispatcher = yield* Dispatcher.Dispatcher
@@ -156,7 +148,7 @@ function* serveBody(
     Limits.moneyWaitMillis(principal.account, yield* Limits.LimitsConfig),
   )
   // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
-  yield* Finalizers.add(yield* Effect.scope, gauges.finished)
+  Finalizers.addNow(yield* Effect.scope, gauges.finished)
   const { permit, hold } = yield* admitAndHold(admission, holding, gauges.admitted)
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request

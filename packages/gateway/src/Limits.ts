@@ -224,16 +224,18 @@ export const admit = (
     // Decided synchronously (memory store): one finalizer, no scope work in the quota service.
     const { permit } = now
     setRateHeaders(res, permit.rates)
-    return Effect.as(
-      Finalizers.add(Context.unsafeGet(context, Scope.Scope), () => {
-        // A request that started counts even if nothing committed it yet.
-        if (outcome.started) permit.commit()
-        // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
-        if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
-        permit.release()
-      }),
-      { rates: permit.rates, commit: Effect.sync(permit.commit), isCommitted: Effect.sync(permit.committed) },
-    )
+    Finalizers.addNow(Context.unsafeGet(context, Scope.Scope), () => {
+      // A request that started counts even if nothing committed it yet.
+      if (outcome.started) permit.commit()
+      // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
+      if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
+      permit.release()
+    })
+    return Effect.succeed({
+      rates: permit.rates,
+      commit: Effect.sync(permit.commit),
+      isCommitted: Effect.sync(permit.committed),
+    })
   })
 
 // The generator bodies below are declared once, not made per call (HttpServer.ts says why).

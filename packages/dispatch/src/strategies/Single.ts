@@ -108,7 +108,7 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
     })
   }
   // A request that ends (or is interrupted) stops its alarm and first pulls still running.
-  yield* Finalizers.add(parent, () => {
+  Finalizers.addNow(parent, () => {
     stopAlarm()
     for (const attempt of running) attempt.cancel()
   })
