@@ -7,10 +7,10 @@ import { ensureBuilt } from "../../../scripts/build.mjs"
 
 // V8 allocates objects from allocation sites with a high survival rate straight into the old
 // generation; a request's objects live as long as the request, so they qualified, and from there
-// they kept everything young they point to alive through every scavenge. Off, with the request
-// path's generator bodies declared once (gateway/HttpServer.ts), a chat completion promotes about
-// half as much and costs ~15 % less CPU (BENCHMARKS.md, 2026-11-26). Read at each collection, so
-// setting it before the bundle loads is in time.
+// they kept everything young they point to alive through every scavenge. With it on, today's
+// gateway promotes ~20 KB per chat completion instead of ~1 and costs ~25 % more CPU
+// (BENCHMARKS.md, "Found and fixed"). Read at each collection, so setting it before the bundle
+// loads is in time.
 setFlagsFromString("--no-allocation-site-pretenuring")
 
 await import(pathToFileURL(await ensureBuilt("server")).href)

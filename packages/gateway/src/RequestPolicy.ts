@@ -115,7 +115,7 @@ const parseImage = (
 }
 
 // Declared once, not made per call: a generator closure per request keeps all it captures out of
-// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and (half) fixed").
+// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and fixed").
 function* normalizeBody(
   request: ChatCompletionRequest,
   body: Record<string, unknown>,

@@ -47,7 +47,7 @@ const hedgeDelay = (ctx: StrategyContext, preset: Preset, entry: Entry, now: num
 }
 
 // Declared once, not made per call: a generator closure per request keeps all it captures out of
-// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and (half) fixed").
+// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and fixed").
 function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeRequest, "model">) {
   const { pool } = ctx
   const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
