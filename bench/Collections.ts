@@ -1,8 +1,8 @@
 /**
  * What requests leave to V8's garbage collector, read from a child started
  * with `node --trace-gc-nvp`: one line per collection of the main isolate,
- * `gc=s` a scavenge (young generation), anything else a mark-sweep or
- * mark-compact (old generation); `allocated=` bytes since the previous
+ * `gc=s` a scavenge (young generation; `mms` / `mmc` too), anything else a
+ * mark-sweep or mark-compact (old generation); `allocated=` bytes since the previous
  * collection, `promoted=` bytes moved to the old generation, `pause=` the
  * main thread's pause in ms.
  */
@@ -22,15 +22,19 @@ const field = (line: string, name: string): number => {
   const at = line.indexOf(` ${name}=`)
   if (at < 0) return 0
   const value = Number.parseFloat(line.slice(at + name.length + 2))
-  return Number.isFinite(value) ? value : 0
+  // V8 prints sizes as unsigned differences: a "negative" one reads as ~1.8e19.
+  return Number.isFinite(value) && value <= Number.MAX_SAFE_INTEGER ? value : 0
 }
+
+/** Young-generation kinds: `s` (scavenge) and V8's minor mark-sweep / mark-compact (`mms`, `mmc`). */
+const isYoung = (kind: string) => kind === "s" || kind.startsWith("mm")
 
 /** One trace line added to `totals`; lines that are not collections leave them as they are. */
 export const addLine = (totals: CollectionTotals, line: string): CollectionTotals => {
   const kind = / gc=(\S+)/.exec(line)?.[1]
   if (kind === undefined) return totals
   const pause = field(line, "pause")
-  const young = kind === "s"
+  const young = isYoung(kind)
   return {
     allocated: totals.allocated + field(line, "allocated"),
     promoted: totals.promoted + field(line, "promoted"),
@@ -62,6 +66,32 @@ export const watchCollections = (child: Child) => {
   return { totals: () => totals }
 }
 
+/** What `bench/gc-counts.mjs` counted, read from a `BENCH-GC {json}` line. */
+export interface ObservedCollections {
+  readonly young: number
+  readonly other: number
+}
+
+/** Asks the child (started with `--import bench/gc-counts.mjs`) for its collection counts so far. */
+export const observedCollections = (child: Child): Promise<ObservedCollections> =>
+  new Promise((resolve, reject) => {
+    let seen = ""
+    const timer = setTimeout(() => {
+      child.process.stderr?.off("data", onData)
+      reject(new Error("no BENCH-GC answer within 5 s"))
+    }, 5_000)
+    const onData = (chunk: Buffer) => {
+      seen += chunk.toString()
+      const line = seen.split("\n").find((l) => l.startsWith("BENCH-GC "))
+      if (line === undefined) return
+      clearTimeout(timer)
+      child.process.stderr?.off("data", onData)
+      resolve(JSON.parse(line.slice("BENCH-GC ".length)) as ObservedCollections)
+    }
+    child.process.stderr?.on("data", onData)
+    child.process.kill("SIGUSR2")
+  })
+
 export interface GcRow {
   readonly mode: string
   readonly connections: number
@@ -72,6 +102,9 @@ export interface GcRow {
   readonly scavengeMicros: number
   readonly fullPer10000: number
   readonly fullMicros: number
+  /** Collections the trace shows against those the process counted itself (fewer: trace lines were lost). */
+  readonly traced: number
+  readonly observed: number
 }
 
 /** The collections between two totals, per successful request. */
@@ -81,6 +114,7 @@ export const gcRow = (
   requests: number,
   before: CollectionTotals,
   after: CollectionTotals,
+  observed: number,
 ): GcRow => {
   const per = (n: number) => (requests > 0 ? n / requests : 0)
   return {
@@ -93,15 +127,17 @@ export const gcRow = (
     scavengeMicros: per(after.scavengeMillis - before.scavengeMillis) * 1000,
     fullPer10000: per(after.fullCollections - before.fullCollections) * 10_000,
     fullMicros: per(after.fullMillis - before.fullMillis) * 1000,
+    traced: after.scavenges - before.scavenges + after.fullCollections - before.fullCollections,
+    observed,
   }
 }
 
 export const gcTable = (rows: ReadonlyArray<GcRow>) =>
   [
-    "| mode | connections | requests | allocated KiB | promoted KiB | scavenges per 1,000 | scavenge pause µs | full GCs per 10,000 | full GC pause µs |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| mode | connections | requests | allocated KiB | promoted KiB | scavenges per 1,000 | scavenge pause µs | full GCs per 10,000 | full GC pause µs | collections traced / counted |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ...rows.map(
       (r) =>
-        `| ${r.mode} | ${r.connections} | ${fmt(r.requests)} | ${fmt(r.allocatedKiB, 1)} | ${fmt(r.promotedKiB, 2)} | ${fmt(r.scavengesPer1000, 1)} | ${fmt(r.scavengeMicros, 1)} | ${fmt(r.fullPer10000, 1)} | ${fmt(r.fullMicros, 1)} |`,
+        `| ${r.mode} | ${r.connections} | ${fmt(r.requests)} | ${fmt(r.allocatedKiB, 1)} | ${fmt(r.promotedKiB, 2)} | ${fmt(r.scavengesPer1000, 1)} | ${fmt(r.scavengeMicros, 1)} | ${fmt(r.fullPer10000, 1)} | ${fmt(r.fullMicros, 1)} | ${r.traced} / ${r.observed}${r.traced < r.observed ? " ⚠" : ""} |`,
     ),
   ].join("\n")

@@ -42,7 +42,7 @@ import {
   waitReady,
 } from "../apps/loadtest/src/Spawn"
 import { measureAutocannon } from "./Autocannon"
-import { type GcRow, gcRow, gcTable, watchCollections } from "./Collections"
+import { type GcRow, gcRow, gcTable, observedCollections, watchCollections } from "./Collections"
 import {
   type InstructionsCase,
   type InstructionsRow,
@@ -492,7 +492,11 @@ const main = async () => {
 
     if (sections.has("gc")) {
       log("section gc: what a request leaves to the garbage collector (node --trace-gc-nvp)")
-      const traced = await startSwarmgate({ SWARMGATE_NODES_FILE: file }, ["--trace-gc-nvp"])
+      const traced = await startSwarmgate({ SWARMGATE_NODES_FILE: file }, [
+        "--trace-gc-nvp",
+        "--import",
+        join(REPO_ROOT, "bench/gc-counts.mjs"),
+      ])
       const endpoint: Endpoint = {
         target: "swarmgate (GC traced)",
         url: traced.gateway.baseUrl,
@@ -507,9 +511,15 @@ const main = async () => {
       for (const mode of MODES)
         for (const c of [1, sat.c]) {
           await run(loadOptions(endpoint, mode, c, seconds(1), 0))
+          const counted = await observedCollections(traced.gateway.child)
           const before = collections.totals()
           const result = await run(loadOptions(endpoint, mode, c, sat.duration, 0))
-          const row = gcRow(mode.name, c, result.requests.succeeded, before, collections.totals())
+          // A moment for the last trace lines to arrive.
+          await new Promise((r) => setTimeout(r, 200))
+          const after = collections.totals()
+          const countedAfter = await observedCollections(traced.gateway.child)
+          const observed = countedAfter.young + countedAfter.other - counted.young - counted.other
+          const row = gcRow(mode.name, c, result.requests.succeeded, before, after, observed)
           gc.push(row)
           log(
             `gc ${mode.name} c=${c}: ${fmt(row.allocatedKiB, 1)} KiB allocated, ${fmt(row.promotedKiB, 2)} KiB promoted, ${fmt(row.scavengeMicros, 1)} µs in scavenges per request`,
@@ -1341,7 +1351,7 @@ const report = (r: Results): string => {
   if (r.gc !== undefined && r.gc.length > 0)
     parts.push(
       "### What a request leaves to the garbage collector (per request)\n",
-      "The compiled gateway (as `npm start` runs it) under `node --trace-gc-nvp`, against the instant node, each mode warmed first; the collections V8 reports while the load ran, divided by its successful requests. *Promoted* is what survived young collections and moved to the old generation: a request that lives a few milliseconds should leave almost nothing there, and what it does leave is copied, then marked and compacted later. Pauses are the main thread's.\n",
+      "The compiled gateway (as `npm start` runs it) under `node --trace-gc-nvp`, against the instant node, each mode warmed first; the collections V8 reports while the load ran, divided by its successful requests. *Promoted* is what survived young collections and moved to the old generation: a request that lives a few milliseconds should leave almost nothing there, and what it does leave is copied, then marked and compacted later. Pauses are the main thread's. The last column compares the collections the trace showed with those the process counted itself (`bench/gc-counts.mjs`): V8 writes the trace to a pipe that drops lines when full, and a row marked ⚠ reads low.\n",
       gcTable(r.gc),
     )
   if (r.instructions.length > 0)

@@ -45,6 +45,12 @@ const finalizersOf = (scope: Scope.Scope): Map<unknown, unknown> | undefined => 
   return state?._tag === "Open" && state.finalizers instanceof Map ? state.finalizers : undefined
 }
 
+/** The exit a closed scope of Effect's own kind was closed with; undefined while it is open. */
+const closedExitOf = (scope: Scope.Scope): Exit.Exit<unknown, unknown> | undefined => {
+  const state = (scope as unknown as { state?: { _tag?: unknown; exit?: Exit.Exit<unknown, unknown> } }).state
+  return state?._tag === "Closed" ? state.exit : undefined
+}
+
 const isLast = (map: Map<unknown, unknown>, finalizer: Finalizer) => {
   let last: unknown
   for (const value of map.values()) last = value
@@ -96,8 +102,18 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
       }),
   }
   ;(scope as WithSegment)[SEGMENT] = segment
-  if (map !== undefined) map.set({}, segment.finalizer)
-  else Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
+  if (map !== undefined) {
+    map.set({}, segment.finalizer)
+    return
+  }
+  const closed = closedExitOf(scope)
+  if (closed !== undefined) {
+    // Closed already: runs at once, its error (if any) thrown as it is.
+    segment.exit = closed
+    runAll(list, closed)
+    return
+  }
+  Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
 }
 
 /** `addNow` as an Effect. */

@@ -92,6 +92,12 @@ describe("Finalizers", () => {
           seen = exit
         })
         expect(seen !== undefined && Exit.isInterrupted(seen)).toBe(true)
+        const boom = new Error("boom")
+        expect(() =>
+          Finalizers.addNow(closed, () => {
+            throw boom
+          }),
+        ).toThrow(boom)
       }),
   )
 

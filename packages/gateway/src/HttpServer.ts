@@ -83,7 +83,9 @@ const authenticate = (req: IncomingMessage) =>
  * The request path's Effect.gen bodies (here, RequestPolicy.normalize, the
  * single strategy, the answer, admission, /v1/models) are generator functions
  * declared once, at module level, given the request as arguments — not
- * `Effect.gen(function* () { … })` made per request. V8 gives every
+ * `Effect.gen(function* () { … })` made per request (the paths that wait —
+ * the dispatch and concurrency queues, a key-cache miss, consensus — still
+ * make theirs). V8 gives every
  * generator-function closure a hidden class of its own in the old generation,
  * pointing back at the closure: all it captures (the request, the response,
  * their state) then outlives young collections. An object literal with a
