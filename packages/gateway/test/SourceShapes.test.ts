@@ -6,7 +6,9 @@
  * collection until a full one. Two such literals on the dispatch path kept
  * ~12 KB of each chat completion alive (BENCHMARKS.md, "What each request
  * left to the old generation"). A class with the accessor on its prototype
- * costs nothing of the kind.
+ * costs nothing of the kind. A generator function made per call
+ * (`Effect.gen(function* () { … })` inside a function) does the same; the
+ * request path's modules declare theirs once, except where named below.
  */
 import { readdirSync, readFileSync, statSync } from "node:fs"
 import { join, relative } from "node:path"
@@ -53,11 +55,78 @@ const literalAccessors = (path: string, text: string): Array<string> => {
   return found
 }
 
+/** The top-level declaration (or class member) a node sits in: `name` or `Class.member`. */
+const ownerOf = (node: ts.Node): string => {
+  let at: ts.Node = node
+  while (at.parent !== undefined && !ts.isSourceFile(at.parent) && !ts.isClassDeclaration(at.parent))
+    at = at.parent
+  const parent = at.parent
+  if (parent !== undefined && ts.isClassDeclaration(parent)) {
+    const member = ts.isClassElement(at) && at.name !== undefined ? at.name.getText() : "?"
+    return `${parent.name?.text ?? "?"}.${member}`
+  }
+  if (ts.isVariableStatement(at)) return at.declarationList.declarations[0]?.name.getText() ?? "?"
+  if (ts.isFunctionDeclaration(at)) return at.name?.text ?? "?"
+  return "?"
+}
+
+/** The declarations in which a generator function expression is made inside another function. */
+const nestedGenerators = (path: string, text: string): Array<string> => {
+  const file = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, true)
+  const found: Array<string> = []
+  const visit = (node: ts.Node, insideFunction: boolean) => {
+    if (insideFunction && ts.isFunctionExpression(node) && node.asteriskToken !== undefined)
+      found.push(ownerOf(node))
+    const isFunction = ts.isFunctionLike(node) && (node as ts.FunctionLikeDeclaration).body !== undefined
+    ts.forEachChild(node, (child) => visit(child, insideFunction || isFunction))
+  }
+  visit(file, false)
+  return [...new Set(found)].sort()
+}
+
+/**
+ * The request path's modules, and where each may still make a generator per
+ * call: paths that wait anyway, or run once.
+ */
+const REQUEST_PATH: Readonly<Record<string, ReadonlyArray<string>>> = {
+  "packages/gateway/src/HttpServer.ts": ["listen"], // starts the server, once
+  "packages/gateway/src/ChatCompletions.ts": [],
+  "packages/gateway/src/Limits.ts": [],
+  "packages/gateway/src/Billing.ts": [],
+  "packages/gateway/src/RequestPolicy.ts": [],
+  "packages/gateway/src/Models.ts": [],
+  "packages/gateway/src/HttpIo.ts": [],
+  "packages/gateway/src/Operations.ts": [],
+  "packages/dispatch/src/strategies/Single.ts": [],
+  "packages/dispatch/src/Attempt.ts": ["complete"], // consensus authors and judges
+  "packages/dispatch/src/NodePool.ts": ["NodePool.claim"], // the dispatch queue's wait
+  "packages/dispatch/src/HttpTransport.ts": [],
+  "packages/dispatch/src/Finalizers.ts": [],
+  "packages/quota/src/Quota.ts": [],
+}
+
 describe("source shapes", () => {
   it("finds an object literal accessor when there is one (the check itself)", () => {
     const text =
       "export const f = (x: number) => ({ a: 1, get b() { return x } })\nclass C { get d() { return 1 } }\n"
     expect(literalAccessors(join(ROOT, "example.ts"), text)).toEqual(["example.ts:1"])
+  })
+
+  it("finds a generator made per call, by the declaration it is made in (the check itself)", () => {
+    const text = [
+      "function* once() {}",
+      "export const perCall = (x: number) => Effect.gen(function* () { return x })",
+      "class Pool { claim() { return Effect.gen(function* () {}) } }",
+      "export const layer = Effect.gen(function* () {})",
+    ].join("\n")
+    expect(nestedGenerators(join(ROOT, "example.ts"), text)).toEqual(["Pool.claim", "perCall"])
+  })
+
+  it("the request path's modules make generators per call only where named", () => {
+    for (const [path, allowed] of Object.entries(REQUEST_PATH)) {
+      const found = nestedGenerators(join(ROOT, path), readFileSync(join(ROOT, path), "utf8"))
+      expect({ path, found }).toEqual({ path, found: [...allowed].sort() })
+    }
   })
 
   it("no package declares a getter or setter in an object literal", () => {
