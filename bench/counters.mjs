@@ -4,8 +4,8 @@
 // methods at run time. On SIGUSR2 the counts since the last signal are written to stderr as one
 // `BENCH-COUNTS {json}` line, and reset.
 import { createRequire } from "node:module"
-import { PerformanceObserver } from "node:perf_hooks"
 import { pathToFileURL } from "node:url"
+import { observeCollections } from "./collections-observer.mjs"
 
 const require = createRequire(`${process.cwd()}/package.json`)
 const counts = { ops: 0, fibers: 0, timers: 0, sql: 0, redis: 0, redisWrites: 0, gc: 0, gcMillis: 0 }
@@ -104,14 +104,14 @@ const carried = (chunk) => {
   }
 }
 
-new PerformanceObserver((list) => {
-  for (const entry of list.getEntries()) {
-    counts.gc++
-    counts.gcMillis += entry.duration
-  }
-}).observe({ entryTypes: ["gc"] })
+const collections = observeCollections()
+let reported = { gc: 0, gcMillis: 0 }
 
 process.on("SIGUSR2", () => {
+  const gc = collections.young + collections.other
+  counts.gc = gc - reported.gc
+  counts.gcMillis = collections.millis - reported.gcMillis
+  reported = { gc, gcMillis: collections.millis }
   process.stderr.write(`BENCH-COUNTS ${JSON.stringify({ ...counts, redisByName, redisWritesBy })}\n`)
   for (const key of Object.keys(counts)) counts[key] = 0
   redisByName = {}

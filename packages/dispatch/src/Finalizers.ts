@@ -36,19 +36,22 @@ type WithSegment = { [SEGMENT]?: Segment }
 const segmentOf = (scope: Scope.Scope): Segment | undefined => (scope as WithSegment)[SEGMENT]
 
 /**
- * The scope's own finalizers, newest last, where Effect keeps them (an
- * insertion-ordered map). Only read, to see whether anything was added after
- * a segment; when it cannot be read, every cleanup gets its own finalizer.
+ * The state of a scope of Effect's own kind: while open, its finalizers
+ * newest last in an insertion-ordered map (read to see whether anything was
+ * added after a segment, and added to as Effect adds its own); once closed,
+ * its exit. Undefined for a scope of another kind: every cleanup then gets a
+ * finalizer of its own through `Scope.addFinalizerExit`.
  */
-const finalizersOf = (scope: Scope.Scope): Map<unknown, unknown> | undefined => {
-  const state = (scope as unknown as { state?: { _tag?: unknown; finalizers?: unknown } }).state
-  return state?._tag === "Open" && state.finalizers instanceof Map ? state.finalizers : undefined
-}
+type ScopeState =
+  | { readonly _tag: "Open"; readonly finalizers: Map<unknown, unknown> }
+  | { readonly _tag: "Closed"; readonly exit: Exit.Exit<unknown, unknown> }
 
-/** The exit a closed scope of Effect's own kind was closed with; undefined while it is open. */
-const closedExitOf = (scope: Scope.Scope): Exit.Exit<unknown, unknown> | undefined => {
-  const state = (scope as unknown as { state?: { _tag?: unknown; exit?: Exit.Exit<unknown, unknown> } }).state
-  return state?._tag === "Closed" ? state.exit : undefined
+const stateOf = (scope: Scope.Scope): ScopeState | undefined => {
+  const state = (scope as unknown as { state?: { _tag?: unknown; finalizers?: unknown; exit?: unknown } })
+    .state
+  if (state?._tag === "Open" && state.finalizers instanceof Map) return state as ScopeState
+  if (state?._tag === "Closed" && state.exit !== undefined) return state as ScopeState
+  return undefined
 }
 
 const isLast = (map: Map<unknown, unknown>, finalizer: Finalizer) => {
@@ -86,8 +89,8 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
     cleanup(current.exit)
     return
   }
-  const map = finalizersOf(scope)
-  if (current !== undefined && map !== undefined && isLast(map, current.finalizer)) {
+  const state = stateOf(scope)
+  if (current !== undefined && state?._tag === "Open" && isLast(state.finalizers, current.finalizer)) {
     current.list.push(cleanup)
     return
   }
@@ -102,18 +105,15 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
       }),
   }
   ;(scope as WithSegment)[SEGMENT] = segment
-  if (map !== undefined) {
-    map.set({}, segment.finalizer)
-    return
-  }
-  const closed = closedExitOf(scope)
-  if (closed !== undefined) {
+  if (state === undefined) {
+    Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
+  } else if (state._tag === "Open") {
+    state.finalizers.set({}, segment.finalizer)
+  } else {
     // Closed already: runs at once, its error (if any) thrown as it is.
-    segment.exit = closed
-    runAll(list, closed)
-    return
+    segment.exit = state.exit
+    runAll(list, state.exit)
   }
-  Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
 }
 
 /** `addNow` as an Effect. */
@@ -146,5 +146,3 @@ export const groupNow = (scope: Scope.Scope): Group => {
     close,
   }
 }
-
-export const group = (scope: Scope.Scope): Effect.Effect<Group> => Effect.sync(() => groupNow(scope))

@@ -105,10 +105,10 @@ describe("Finalizers", () => {
     Effect.gen(function* () {
       const scope = yield* Scope.make()
       const ran: Array<string> = []
-      const early = yield* Finalizers.group(scope)
+      const early = Finalizers.groupNow(scope)
       early.add(() => ran.push("early a"))
       early.add(() => ran.push("early b"))
-      const late = yield* Finalizers.group(scope)
+      const late = Finalizers.groupNow(scope)
       late.add(() => ran.push("late"))
       early.close()
       early.close()

@@ -190,6 +190,11 @@ export const setRateHeaders = (res: ServerResponse, rates: ReadonlyArray<Quota.R
   res.setHeader("x-ratelimit-reset-requests", formatReset(binding.resetMillis))
 }
 
+/** Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use. */
+const dropRateHeadersUnlessCounted = (res: ServerResponse, committed: boolean) => {
+  if (!committed && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
+}
+
 // --- the request path -------------------------------------------------------------------
 
 /**
@@ -227,8 +232,7 @@ export const admit = (
     Finalizers.addNow(Context.unsafeGet(context, Scope.Scope), () => {
       // A request that started counts even if nothing committed it yet.
       if (outcome.started) permit.commit()
-      // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
-      if (!permit.committed() && !res.headersSent) for (const name of RATE_HEADERS) res.removeHeader(name)
+      dropRateHeadersUnlessCounted(res, permit.committed())
       permit.release()
     })
     return Effect.succeed({
@@ -243,9 +247,7 @@ export const admit = (
 /** Runs before the release: a request that started counts even if nothing committed it yet. */
 function* countedBody(permit: Quota.Permit, outcome: Pick<Outcome, "started">, res: ServerResponse) {
   if (outcome.started) yield* permit.commit
-  // Counted only if it ran: a request refused later (billing, dispatch) shows no counts it did not use.
-  if (!(yield* permit.isCommitted) && !res.headersSent)
-    for (const name of RATE_HEADERS) res.removeHeader(name)
+  dropRateHeadersUnlessCounted(res, yield* permit.isCommitted)
 }
 
 function* admitAsyncBody(
