@@ -11,7 +11,7 @@
  * first error is rethrown after, as a defect). One added after the scope
  * closed runs at once.
  */
-import { Effect, type Exit, Scope } from "effect"
+import { Effect, ExecutionStrategy, type Exit, Scope } from "effect"
 
 export type Cleanup = (exit: Exit.Exit<unknown, unknown>) => void
 
@@ -23,6 +23,11 @@ interface Segment {
   /** Set once the segment ran. */
   exit: Exit.Exit<unknown, unknown> | undefined
 }
+
+/** On a segment's finalizer: its segment, so that `close` can run it by a plain call. */
+const SEGMENT_OF: unique symbol = Symbol("@swarmgate/dispatch/Finalizers/segmentOf")
+
+type SegmentFinalizer = Finalizer & { [SEGMENT_OF]?: Segment }
 
 /**
  * A scope's current segment, kept on the scope itself: a WeakMap keyed by
@@ -75,6 +80,11 @@ const runAll = <A>(list: Array<(a: A) => void>, a: A) => {
   if (threw) throw error
 }
 
+const runSegment = (segment: Segment, exit: Exit.Exit<unknown, unknown>) => {
+  segment.exit = exit
+  runAll(segment.list, exit)
+}
+
 /**
  * Adds `cleanup` to the plain cleanups of `scope`, as a plain call: for code
  * already running on the scope's fiber (inside `withFiberRuntime`, a
@@ -95,15 +105,9 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
     return
   }
   const list = [cleanup]
-  const segment: Segment = {
-    list,
-    exit: undefined,
-    finalizer: (exit) =>
-      Effect.sync(() => {
-        segment.exit = exit
-        runAll(list, exit)
-      }),
-  }
+  const finalizer: SegmentFinalizer = (exit) => Effect.sync(() => runSegment(segment, exit))
+  const segment: Segment = { list, exit: undefined, finalizer }
+  finalizer[SEGMENT_OF] = segment
   ;(scope as WithSegment)[SEGMENT] = segment
   if (state === undefined) {
     Effect.runSync(Scope.addFinalizerExit(scope, segment.finalizer))
@@ -111,9 +115,65 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
     state.finalizers.set({}, segment.finalizer)
   } else {
     // Closed already: runs at once, its error (if any) thrown as it is.
-    segment.exit = state.exit
-    runAll(list, state.exit)
+    runSegment(segment, state.exit)
   }
+}
+
+/**
+ * Effect's own kind of scope, made by a plain call: what `Scope.make()`
+ * returns, without running an Effect for it (a request's scope, made where
+ * the request arrives). Falls back to `Scope.make()` if this Effect's scopes
+ * ever look different from what `stateOf` reads.
+ */
+const scopePrototype: object | undefined = (() => {
+  const sample = Effect.runSync(Scope.make())
+  const state = stateOf(sample)
+  return state?._tag === "Open" && state.finalizers.size === 0 && "strategy" in sample
+    ? (Object.getPrototypeOf(sample) as object)
+    : undefined
+})()
+
+export const makeScopeNow = (): Scope.CloseableScope => {
+  if (scopePrototype === undefined) return Effect.runSync(Scope.make())
+  const scope = Object.create(scopePrototype) as {
+    strategy: ExecutionStrategy.ExecutionStrategy
+    state: ScopeState
+  }
+  scope.strategy = ExecutionStrategy.sequential
+  scope.state = { _tag: "Open", finalizers: new Map() }
+  return scope as unknown as Scope.CloseableScope
+}
+
+/**
+ * Closes `scope` with `exit`, like `Scope.close`; when it holds only plain
+ * cleanups (the common request), they run here by plain calls, newest first,
+ * and the result is an Effect with nothing left to do (or the first cleanup's
+ * error, as a defect).
+ */
+export const close = (
+  scope: Scope.CloseableScope,
+  exit: Exit.Exit<unknown, unknown>,
+): Effect.Effect<void> => {
+  const state = stateOf(scope)
+  if (state?._tag !== "Open") return Scope.close(scope, exit)
+  const segments: Array<Segment> = []
+  for (const finalizer of state.finalizers.values()) {
+    const segment = (finalizer as SegmentFinalizer)[SEGMENT_OF]
+    if (segment === undefined) return Scope.close(scope, exit)
+    segments.push(segment)
+  }
+  ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
+  let error: unknown
+  let threw = false
+  for (let i = segments.length - 1; i >= 0; i--) {
+    try {
+      runSegment(segments[i]!, exit)
+    } catch (e) {
+      if (!threw) error = e
+      threw = true
+    }
+  }
+  return threw ? Effect.die(error) : Effect.void
 }
 
 /** `addNow` as an Effect. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, ExecutionStrategy, Exit, FiberId, Scope } from "effect"
+import { Cause, Effect, ExecutionStrategy, Exit, Fiber, FiberId, Scope } from "effect"
 import * as Finalizers from "../src/Finalizers"
 
 describe("Finalizers", () => {
@@ -115,6 +115,93 @@ describe("Finalizers", () => {
       early.add(() => ran.push("added after close"))
       yield* Scope.close(scope, Exit.void)
       expect(ran).toEqual(["early b", "early a", "added after close", "late"])
+    }),
+  )
+
+  it.effect(
+    "makeScopeNow makes a scope of Effect's own kind: finalizers, forks and forked fibers as Scope.make's",
+    () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        const ran: Array<string> = []
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran.push("own")),
+        )
+        const child = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+        yield* Scope.addFinalizer(
+          child,
+          Effect.sync(() => ran.push("child")),
+        )
+        const forked = yield* Effect.forkIn(Effect.never, scope)
+        Finalizers.addNow(scope, () => ran.push("plain"))
+        yield* Scope.close(scope, Exit.void)
+        expect(ran).toEqual(["plain", "child", "own"])
+        const exit = yield* Fiber.await(forked)
+        expect(Exit.isInterrupted(exit)).toBe(true)
+        // Closed: a later finalizer runs at once.
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran.push("after")),
+        )
+        expect(ran.at(-1)).toBe("after")
+      }),
+  )
+
+  it.effect("close runs plain cleanups by plain calls, newest first, and leaves nothing to run", () =>
+    Effect.gen(function* () {
+      const scope = Finalizers.makeScopeNow()
+      const ran: Array<string> = []
+      Finalizers.addNow(scope, () => ran.push("a"))
+      const group = Finalizers.groupNow(scope)
+      group.add(() => ran.push("group"))
+      Finalizers.addNow(scope, () => ran.push("b"))
+      const closing = Finalizers.close(scope, Exit.void)
+      // Already ran, before the returned Effect is run.
+      expect(ran).toEqual(["b", "group", "a"])
+      expect(closing).toBe(Effect.void)
+      let late = false
+      Finalizers.addNow(scope, () => {
+        late = true
+      })
+      expect(late).toBe(true)
+      yield* Scope.close(scope, Exit.void)
+      expect(ran).toEqual(["b", "group", "a"])
+    }),
+  )
+
+  it.effect(
+    "close falls back to Scope.close when the scope holds a finalizer of its own, keeping the order",
+    () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        const ran: Array<string> = []
+        Finalizers.addNow(scope, () => ran.push("plain 1"))
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran.push("own")),
+        )
+        Finalizers.addNow(scope, () => ran.push("plain 2"))
+        const closing = Finalizers.close(scope, Exit.void)
+        expect(ran).toEqual([])
+        yield* closing
+        expect(ran).toEqual(["plain 2", "own", "plain 1"])
+      }),
+  )
+
+  it.effect("close runs every cleanup even if one threw, then fails with the first error as a defect", () =>
+    Effect.gen(function* () {
+      const scope = Finalizers.makeScopeNow()
+      const ran: Array<string> = []
+      const boom = new Error("boom")
+      Finalizers.addNow(scope, () => ran.push("first added"))
+      Finalizers.addNow(scope, () => {
+        throw boom
+      })
+      Finalizers.addNow(scope, () => ran.push("last added"))
+      const closed = yield* Effect.exit(Finalizers.close(scope, Exit.void))
+      expect(ran).toEqual(["last added", "first added"])
+      expect(Exit.isFailure(closed) && Cause.isDie(closed.cause)).toBe(true)
     }),
   )
 })

@@ -116,7 +116,8 @@ function* chatCompletionBody(
     config.maxImageBytes,
   )
   Operations.noteRequest(res, request)
-  yield* Effect.scoped(serve(req, res, requestId, principal, request))
+  // In the request's scope (made by the listener): it closes when the request's fiber ends.
+  yield* serve(req, res, requestId, principal, request)
 }
 
 const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number) =>
@@ -264,7 +265,7 @@ const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetV
 
 type Route =
   | SideRoutes.Route
-  | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices> }
+  | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices | Scope.Scope> }
 
 const route = (
   req: IncomingMessage,
@@ -298,12 +299,57 @@ const route = (
   return { _tag: "Empty", status: 404 }
 }
 
+/** Renders how a request failed, unless it was interrupted (the client left, or its cleanups answered). */
+const render = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  cause: Cause.Cause<unknown>,
+) => {
+  if (Cause.isInterruptedOnly(cause)) return
+  const failure = Cause.failureOption(cause)
+  const error =
+    Option.isSome(failure) && isApiError(failure.value)
+      ? failure.value
+      : new InternalError({ message: "The server failed to handle the request." })
+  if (!isApiError(Option.getOrUndefined(failure))) {
+    console.error(`[${requestId}] internal error`, Cause.pretty(cause))
+  }
+  Operations.noteError(res, error._tag === "ValidationFailed" ? "validation_failed" : error.code)
+  writeError(req, res, requestId, error)
+}
+
+/**
+ * The end of every request: its scope closes (permit, hold, node stream,
+ * a stopped answer written), then a failure is rendered.
+ */
+const finish = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  scope: Scope.CloseableScope,
+  exit: Exit.Exit<unknown, unknown>,
+): Effect.Effect<void> => {
+  const closing = Finalizers.close(scope, exit)
+  if (closing === Effect.void) {
+    if (Exit.isFailure(exit)) render(req, res, requestId, exit.cause)
+    return Effect.void
+  }
+  return Effect.matchCause(closing, {
+    onFailure: (cause) =>
+      render(req, res, requestId, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause),
+    onSuccess: () => {
+      if (Exit.isFailure(exit)) render(req, res, requestId, exit.cause)
+    },
+  })
+}
+
 /**
  * The `node:http` request listener, running each request on `runtime`; with
  * `ops`, also `/readyz`, `/metrics`, the drain, metrics and request logs.
  */
 export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Operations.Operations) => {
-  const runFork = Runtime.runFork(runtime)
+  const { context, fiberRefs, runtimeFlags } = runtime
   const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()
@@ -345,24 +391,12 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       closeAfterUnreadBody(req, res)
       return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
     }
-    const program = decided.effect.pipe(
-      Effect.catchAllCause((cause) =>
-        Effect.sync(() => {
-          if (Cause.isInterruptedOnly(cause)) return
-          const failure = Cause.failureOption(cause)
-          const error =
-            Option.isSome(failure) && isApiError(failure.value)
-              ? failure.value
-              : new InternalError({ message: "The server failed to handle the request." })
-          if (!isApiError(Option.getOrUndefined(failure))) {
-            console.error(`[${requestId}] internal error`, Cause.pretty(cause))
-          }
-          Operations.noteError(res, error._tag === "ValidationFailed" ? "validation_failed" : error.code)
-          writeError(req, res, requestId, error)
-        }),
-      ),
-    )
-    const fiber = runFork(program)
+    // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
+    // a common request's cleanups are plain calls run by `Finalizers.close` (no step to close it either).
+    const scope = Finalizers.makeScopeNow()
+    const fiber = Runtime.runFork(
+      Runtime.make({ context: Context.add(context, Scope.Scope, scope), fiberRefs, runtimeFlags }),
+    )(Effect.onExit(decided.effect, (exit) => finish(req, res, requestId, scope, exit)))
     if (ops !== undefined) Operations.track(ops, fiber, res)
     res.on("close", () => {
       if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)
