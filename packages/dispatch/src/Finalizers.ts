@@ -176,6 +176,29 @@ export const close = (
   return threw ? Effect.die(error) : Effect.void
 }
 
+/**
+ * `Effect.async` for a wait whose cleanup is a plain cleanup of `scope`:
+ * `register` returns it, and it must be safe to call again (the wait's own
+ * ending has usually run it already). Effect wraps an `async` that returns a
+ * canceler in an `onInterrupt` region, ~7 run-loop steps per wait; here an
+ * interrupted wait resumes at once and its cleanup runs when `scope` closes.
+ * For waits that last no longer than their scope (a request's own). Without
+ * a scope it is `Effect.async` with the cleanup as its canceler.
+ */
+export const asyncIn = <A, E = never>(
+  scope: Scope.Scope | undefined,
+  register: (resume: (effect: Effect.Effect<A, E>) => void) => (() => void) | undefined,
+): Effect.Effect<A, E> =>
+  scope === undefined
+    ? Effect.async<A, E>((resume) => {
+        const cleanup = register(resume)
+        return cleanup === undefined ? undefined : Effect.sync(cleanup)
+      })
+    : Effect.async<A, E>((resume) => {
+        const cleanup = register(resume)
+        if (cleanup !== undefined) addNow(scope, cleanup)
+      })
+
 /** `addNow` as an Effect. */
 export const add = (scope: Scope.Scope, cleanup: Cleanup): Effect.Effect<void> =>
   Effect.sync(() => addNow(scope, cleanup))

@@ -178,12 +178,13 @@ const noop = () => undefined
  * slow client slows the node instead of filling memory.
  */
 const pushEvents = (
+  scope: Scope.Scope,
   next: NodeNext,
   text: CappedText,
   res: ServerResponse,
   onText: ((deltas: ReadonlyArray<string>) => boolean) | undefined,
 ) =>
-  Effect.async<FinishReason, UpstreamError>((resume) => {
+  Finalizers.asyncIn<FinishReason, UpstreamError>(scope, (resume) => {
     const finish: NodeFinish = { node: undefined }
     let over = false
     let cancel: () => void = noop
@@ -239,11 +240,11 @@ const pushEvents = (
       else cancel = stop
     }
     read()
-    return Effect.sync(() => {
+    return () => {
       over = true
       cancel()
       offDrain()
-    })
+    }
   })
 
 const usageJson = (prompt: number, completion: number) =>
@@ -272,6 +273,7 @@ function* answerBody(
   created: number,
   stop: (why: Stop) => void,
   offs: AnswerOffs,
+  scope: Scope.Scope,
 ) {
   const run = yield* dispatcher.run(request.preset, {
     requestId,
@@ -287,7 +289,7 @@ function* answerBody(
   if (hooks.onHalt !== undefined) offs.halt = hooks.onHalt(() => stop("halted"))
   if (!request.stream) {
     const finish = yield* run.next !== undefined
-      ? pushEvents(run.next, text, res, undefined)
+      ? pushEvents(scope, run.next, text, res, undefined)
       : runEvents(run.pull, text, undefined)
     outcome.finishReason = finish
     const completionTokens = Tokens.count(text.text)
@@ -336,7 +338,7 @@ function* answerBody(
   }
   const finished = yield* Effect.either(
     run.next !== undefined
-      ? pushEvents(run.next, text, res, (deltas) => {
+      ? pushEvents(scope, run.next, text, res, (deltas) => {
           alive.lastWrite = Date.now()
           return res.write(deltasData(deltas))
         })
@@ -449,8 +451,9 @@ export const respond = (
       res.end(rendered.body)
     }
 
+    const scope = Context.unsafeGet(context, Scope.Scope)
     // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
-    Finalizers.addNow(Context.unsafeGet(context, Scope.Scope), () => {
+    Finalizers.addNow(scope, () => {
       cancelDeadline()
       offs.halt?.()
       offs.keepAlive?.()
@@ -462,6 +465,20 @@ export const respond = (
     })
 
     return Effect.gen(() =>
-      answerBody(res, requestId, request, outcome, hooks, dispatcher, config, text, id, created, stop, offs),
+      answerBody(
+        res,
+        requestId,
+        request,
+        outcome,
+        hooks,
+        dispatcher,
+        config,
+        text,
+        id,
+        created,
+        stop,
+        offs,
+        scope,
+      ),
     )
   })

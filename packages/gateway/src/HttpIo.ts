@@ -5,7 +5,7 @@
  * body that was refused unread.
  */
 import type { IncomingMessage, ServerResponse } from "node:http"
-import { Timers } from "@swarmgate/dispatch"
+import { Finalizers, Timers } from "@swarmgate/dispatch"
 import {
   type ApiError,
   InvalidRequest,
@@ -13,7 +13,7 @@ import {
   RequestTooLarge,
   renderError,
 } from "@swarmgate/protocol"
-import { Effect, Exit } from "effect"
+import { Effect, Exit, type Scope } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
 export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
@@ -79,9 +79,10 @@ const readWith = <A, E>(
   req: IncomingMessage,
   config: GatewayConfigShape,
   startedAt: number,
+  scope: Scope.Scope | undefined,
   done: (body: Buffer) => Effect.Effect<A, E>,
 ) =>
-  Effect.async<A, E | RequestTooLarge | RequestTimeout>((resume) => {
+  Finalizers.asyncIn<A, E | RequestTooLarge | RequestTimeout>(scope, (resume) => {
     const tooLarge = () =>
       new RequestTooLarge({
         message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
@@ -90,7 +91,7 @@ const readWith = <A, E>(
     const declared = req.headers["content-length"]
     if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
       resume(Effect.fail(tooLarge()))
-      return
+      return undefined
     }
     const chunks: Array<Buffer> = []
     let size = 0
@@ -131,7 +132,7 @@ const readWith = <A, E>(
     )
     req.on("data", onData)
     req.on("end", onEnd)
-    return Effect.sync(cleanup)
+    return cleanup
   })
 
 /** The body as JSON; an `Exit`, which is an Effect too (no step to run it). */
@@ -143,13 +144,24 @@ export const parseJson = (buffer: Buffer): Exit.Exit<unknown, InvalidRequest> =>
   }
 }
 
-/** Reads the whole body within the size limit and the arrival deadline. */
-export const readBody = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
-  readWith(req, config, startedAt, (body) => Exit.succeed(body))
+/**
+ * Reads the whole body within the size limit and the arrival deadline; with
+ * the request's scope, its listeners and timer are that scope's cleanup.
+ */
+export const readBody = (
+  req: IncomingMessage,
+  config: GatewayConfigShape,
+  startedAt: number,
+  scope?: Scope.Scope,
+) => readWith(req, config, startedAt, scope, (body) => Exit.succeed(body))
 
 /** `readBody` parsed as JSON, in the same wait. */
-export const readJson = (req: IncomingMessage, config: GatewayConfigShape, startedAt: number) =>
-  readWith(req, config, startedAt, parseJson)
+export const readJson = (
+  req: IncomingMessage,
+  config: GatewayConfigShape,
+  startedAt: number,
+  scope?: Scope.Scope,
+) => readWith(req, config, startedAt, scope, parseJson)
 
 /**
  * A §7 refusal as the one renderer makes it (status, headers, body with the

@@ -37,7 +37,7 @@ import {
 } from "effect"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
-import { GatewayConfig } from "./GatewayConfig"
+import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import { closeAfterUnreadBody, empty, isJsonContentType, readJson, sendError, sendJson } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
@@ -74,10 +74,21 @@ const writeError = (req: IncomingMessage, res: ServerResponse, requestId: string
 const storageUnavailable = () =>
   new AdmissionUnavailable({ message: "The service cannot accept the request now.", retryAfterSeconds: 1 })
 
-const authenticate = (req: IncomingMessage) =>
-  Effect.flatMap(ApiKeys.ApiKeys, (keys) => keys.authenticate(req.headers.authorization)).pipe(
-    Effect.catchTag("RepositoryUnavailable", () => Effect.fail(storageUnavailable())),
+const authenticate = (keys: ApiKeys.ApiKeysShape, req: IncomingMessage) =>
+  Effect.catchTag(keys.authenticate(req.headers.authorization), "RepositoryUnavailable", () =>
+    Effect.fail(storageUnavailable()),
   )
+
+/**
+ * The services a request reads, taken from the listener's runtime once: a
+ * service read by `yield*` costs two run-loop steps per request each.
+ */
+interface RequestServices {
+  readonly apiKeys: ApiKeys.ApiKeysShape
+  readonly config: GatewayConfigShape
+  readonly dispatcher: Dispatcher.DispatcherShape
+  readonly limits: Limits.LimitsConfigShape
+}
 
 /*
  * The request path's Effect.gen bodies (here, RequestPolicy.normalize, the
@@ -98,17 +109,18 @@ function* chatCompletionBody(
   res: ServerResponse,
   requestId: string,
   startedAt: number,
+  services: RequestServices,
+  scope: Scope.Scope,
 ) {
-  const principal = yield* authenticate(req)
+  const { config, dispatcher } = services
+  const principal = yield* authenticate(services.apiKeys, req)
   Operations.notePrincipal(res, principal)
   if (!isJsonContentType(req.headers["content-type"])) {
     return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
   }
-  const config = yield* GatewayConfig
-  const json = yield* readJson(req, config, startedAt)
+  const json = yield* readJson(req, config, startedAt, scope)
   const decoded = decodeChatCompletionRequest(json)
   if (Either.isLeft(decoded)) return yield* decoded.left
-  const dispatcher = yield* Dispatcher.Dispatcher
   const request = yield* normalize(
     decoded.right,
     json as Record<string, unknown>,
@@ -117,11 +129,17 @@ function* chatCompletionBody(
   )
   Operations.noteRequest(res, request)
   // In the request's scope (made by the listener): it closes when the request's fiber ends.
-  yield* serve(req, res, requestId, principal, request)
+  yield* serve(req, res, requestId, principal, request, services, scope)
 }
 
-const chatCompletion = (req: IncomingMessage, res: ServerResponse, requestId: string, startedAt: number) =>
-  Effect.gen(() => chatCompletionBody(req, res, requestId, startedAt))
+const chatCompletion = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  requestId: string,
+  startedAt: number,
+  services: RequestServices,
+  scope: Scope.Scope,
+) => Effect.gen(() => chatCompletionBody(req, res, requestId, startedAt, services, scope))
 
 /**
  * Admission, the hold and the answer, in one scope: the node stream, the
@@ -133,6 +151,8 @@ function* serveBody(
   requestId: string,
   principal: Principal,
   request: NormalizedRequest,
+  services: RequestServices,
+  scope: Scope.Scope,
 ) {
   const outcome = ChatCompletions.newOutcome()
   const gauges = Operations.gauges(res)
@@ -148,10 +168,10 @@ function* serveBody(
     request,
     outcome,
     (settlement, entry) => Operations.noteSettled(res, settlement, entry),
-    Limits.moneyWaitMillis(principal.account, yield* Limits.LimitsConfig),
+    Limits.moneyWaitMillis(principal.account, services.limits),
   )
   // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
-  Finalizers.addNow(yield* Effect.scope, gauges.finished)
+  Finalizers.addNow(scope, gauges.finished)
   const { permit, hold } = yield* admitAndHold(admission, holding, gauges.admitted)
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
@@ -168,7 +188,9 @@ const serve = (
   requestId: string,
   principal: Principal,
   request: NormalizedRequest,
-) => Effect.gen(() => serveBody(req, res, requestId, principal, request))
+  services: RequestServices,
+  scope: Scope.Scope,
+) => Effect.gen(() => serveBody(req, res, requestId, principal, request, services, scope))
 
 /**
  * The permit, then the hold — in that order where both decide in memory. Where
@@ -273,6 +295,8 @@ const route = (
   requestId: string,
   startedAt: number,
   side: SideRoutes.SideRoutesShape | undefined,
+  services: RequestServices,
+  scope: Scope.Scope,
 ): Route => {
   const url = req.url ?? "/"
   const q = url.indexOf("?")
@@ -280,12 +304,12 @@ const route = (
   const method = req.method ?? "GET"
   if (path === "/v1/chat/completions") {
     return method === "POST"
-      ? { _tag: "Run", effect: chatCompletion(req, res, requestId, startedAt) }
+      ? { _tag: "Run", effect: chatCompletion(req, res, requestId, startedAt, services, scope) }
       : { _tag: "Empty", status: 405, allow: "POST" }
   }
   if (path === "/v1/models") {
     return method === "GET" || method === "HEAD"
-      ? { _tag: "Run", effect: Models.list(authenticate(req), res, requestId) }
+      ? { _tag: "Run", effect: Models.list(authenticate(services.apiKeys, req), res, requestId) }
       : { _tag: "Empty", status: 405, allow: "GET" }
   }
   if (path === "/healthz" && method === "GET") {
@@ -351,6 +375,12 @@ const finish = (
 export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Operations.Operations) => {
   const { context, fiberRefs, runtimeFlags } = runtime
   const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
+  const services: RequestServices = {
+    apiKeys: Context.get(context, ApiKeys.ApiKeys),
+    config: Context.get(context, GatewayConfig),
+    dispatcher: Context.get(context, Dispatcher.Dispatcher),
+    limits: Context.get(context, Limits.LimitsConfig),
+  }
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()
     const requestId = newRequestId()
@@ -380,9 +410,12 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       const q = url.indexOf("?")
       if (Operations.intercept(ops, req, res, requestId, startedAt, q < 0 ? url : url.slice(0, q))) return
     }
+    // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
+    // a common request's cleanups are plain calls run by `Finalizers.close` (no step to close it either).
+    const scope = Finalizers.makeScopeNow()
     let decided: Route
     try {
-      decided = route(req, res, requestId, startedAt, side)
+      decided = route(req, res, requestId, startedAt, side, services, scope)
     } catch {
       // A malformed percent-escape in a path outside /v1.
       decided = { _tag: "Empty", status: 404 }
@@ -391,9 +424,6 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       closeAfterUnreadBody(req, res)
       return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
     }
-    // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
-    // a common request's cleanups are plain calls run by `Finalizers.close` (no step to close it either).
-    const scope = Finalizers.makeScopeNow()
     const fiber = Runtime.runFork(
       Runtime.make({ context: Context.add(context, Scope.Scope, scope), fiberRefs, runtimeFlags }),
     )(Effect.onExit(decided.effect, (exit) => finish(req, res, requestId, scope, exit)))

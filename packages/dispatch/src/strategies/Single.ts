@@ -67,16 +67,20 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
     wake = undefined
     w?.()
   }
+  const forget = () => {
+    wake = undefined
+  }
   const nextReport: Effect.Effect<Report> = Effect.suspend(() =>
     inbox.length > 0
       ? Effect.succeed(inbox.shift()!)
-      : Effect.async<Report>((resume) => {
+      : Finalizers.asyncIn<Report>(parent, (resume) => {
           // The fiber may have yielded since the check: a report can be waiting already.
-          if (inbox.length > 0) return resume(Effect.succeed(inbox.shift()!))
+          if (inbox.length > 0) {
+            resume(Effect.succeed(inbox.shift()!))
+            return undefined
+          }
           wake = () => resume(Effect.succeed(inbox.shift()!))
-          return Effect.sync(() => {
-            wake = undefined
-          })
+          return forget
         }),
   )
 
