@@ -3,7 +3,7 @@
  * key), then a cached lookup by SHA-256 hash, then key and account states.
  */
 import { AccountRestricted, AccountSuspended, InvalidApiKey } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Layer, Option } from "effect"
+import { Context, Effect, Either, Layer, Option } from "effect"
 import { keyState, type Principal } from "./Domain"
 import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
 import { Repository, RepositoryUnavailable } from "./Repository"
@@ -179,9 +179,14 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
         const key = parseBearer(authorization)
         if (key === undefined) return Effect.fail(missing)
         if (!isWellFormed(key)) return Effect.fail(malformed)
-        return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-          Effect.flatMap(lookup(hashKey(key), now), (principal) => check(principal, now, running)),
-        )
+        return Effect.clockWith((clock) => {
+          const now = clock.unsafeCurrentTimeMillis()
+          const hash = hashKey(key)
+          // A cache hit is decided here, in the step that reads the clock.
+          const hit = cache.get(hash)
+          if (hit !== undefined && hit.expiresAt > now) return check(hit.principal, now, running)
+          return Effect.flatMap(lookup(hash, now), (principal) => check(principal, now, running))
+        })
       },
       invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, `k:${keyId}`),
       invalidateAccount: (accountId) => dropWhere((p) => p.account.id === accountId, `a:${accountId}`),

@@ -90,11 +90,44 @@ export const reserve = (
     )
 
 /**
+ * `hold` by plain calls, where the book decides at once (in memory): the
+ * hold, settled (or voided) from `outcome` by a plain cleanup of `scope`, or
+ * the refusal; undefined when only `hold` can decide (a remote book, a wait
+ * for money), with nothing changed.
+ */
+export const holdNow = (
+  billing: Billing.BillingShape,
+  scope: Scope.Scope,
+  clock: Clock.Clock,
+  input: Billing.ReserveInput,
+  outcome: Outcome,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+): Either.Either<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> | undefined => {
+  const { reserveNow, settleNow, voidNow } = billing
+  if (reserveNow === undefined || settleNow === undefined || voidNow === undefined) return undefined
+  const now = reserveNow(input, clock.unsafeCurrentTimeMillis())
+  if (now === undefined || Either.isLeft(now)) return now
+  const { requestId } = input
+  // A plain cleanup, not acquireRelease: no fiber-ref diff and patch, no Effect step per request.
+  Finalizers.addNow(scope, (exit) => {
+    const ended = usageOutcome(outcome, exit)
+    if (ended === "void") {
+      voidNow(requestId)
+      return
+    }
+    const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+    const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
+    onSettled?.(settlement, entry)
+  })
+  return now
+}
+
+/**
  * Reserves the request's worst case for `principal` (or all its limits leave,
  * with the completion cap in `Hold.maxTokens`), and in the scope's release
  * settles it from `outcome` (read when the scope closes) or voids it.
- * A book that decides at once (in memory) is used by plain calls: one
- * finalizer, no Effect work for the money.
+ * A book that decides at once (in memory) is used by plain calls (`holdNow`):
+ * one finalizer, no Effect work for the money.
  */
 export const hold = (
   principal: Principal,
@@ -113,29 +146,15 @@ export const hold = (
     const billing = Context.unsafeGet(context, Billing.Billing)
     const scope = Context.unsafeGet(context, Scope.Scope)
     const input = reserveInput(principal, requestId, request, waitMillis)
-    const { reserveNow, settleNow, voidNow } = billing
-    if (reserveNow !== undefined && settleNow !== undefined && voidNow !== undefined) {
-      const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-      const now = reserveNow(input, clock.unsafeCurrentTimeMillis())
-      if (now !== undefined) {
-        if (Either.isLeft(now)) return Effect.fail(now.left)
-        // A plain cleanup, not acquireRelease: no fiber-ref diff and patch, no Effect step per request.
-        Finalizers.addNow(scope, (exit) => {
-          const ended = usageOutcome(outcome, exit)
-          if (ended === "void") {
-            voidNow(requestId)
-            return
-          }
-          const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
-          const entry = settleNow(requestId, settlement, clock.unsafeCurrentTimeMillis())
-          onSettled?.(settlement, entry)
-        })
-        return Effect.succeed(now.right)
-      }
-    }
-    return Effect.uninterruptible(
-      Effect.tap(reserve(billing, input), () =>
-        Scope.addFinalizerExit(scope, (exit) => settleOutcome(billing, requestId, outcome, exit, onSettled)),
-      ),
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    return (
+      holdNow(billing, scope, clock, input, outcome, onSettled) ??
+      Effect.uninterruptible(
+        Effect.tap(reserve(billing, input), () =>
+          Scope.addFinalizerExit(scope, (exit) =>
+            settleOutcome(billing, requestId, outcome, exit, onSettled),
+          ),
+        ),
+      )
     )
   })

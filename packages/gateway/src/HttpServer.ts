@@ -8,7 +8,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net"
 import type { SqlClient } from "@effect/sql"
 import { ApiKeys, type Principal, type Repository } from "@swarmgate/auth"
-import { Billing as BillingService } from "@swarmgate/billing"
+import { Billing as BillingService, type Ledger } from "@swarmgate/billing"
 import { Dispatcher, Finalizers } from "@swarmgate/dispatch"
 import {
   AdmissionUnavailable,
@@ -24,6 +24,7 @@ import {
 import { Quota } from "@swarmgate/quota"
 import {
   Cause,
+  Clock,
   Context,
   Effect,
   Either,
@@ -157,22 +158,18 @@ function* serveBody(
   const outcome = ChatCompletions.newOutcome()
   const gauges = Operations.gauges(res)
   gauges.waiting()
-  // Released when this scope closes; rate and quota units refunded unless generation started.
-  const admission = Effect.tapError(Limits.admit(res, principal, request.preset.id, outcome), () =>
-    Effect.sync(gauges.refused),
-  )
-  // Settled (or voided) from `outcome` when this scope closes, client disconnects included.
-  const holding = Billing.hold(
-    principal,
-    requestId,
-    request,
-    outcome,
-    (settlement, entry) => Operations.noteSettled(res, settlement, entry),
-    Limits.moneyWaitMillis(principal.account, services.limits),
-  )
   // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
   Finalizers.addNow(scope, gauges.finished)
-  const { permit, hold } = yield* admitAndHold(admission, holding, gauges.admitted)
+  const { permit, hold } = yield* admitAndHold(
+    res,
+    requestId,
+    principal,
+    request,
+    outcome,
+    gauges,
+    services,
+    scope,
+  )
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
   // The permit is committed the moment generation starts: failures before leave no count.
@@ -193,37 +190,71 @@ const serve = (
 ) => Effect.gen(() => serveBody(req, res, requestId, principal, request, services, scope))
 
 /**
- * The permit, then the hold — in that order where both decide in memory. Where
- * both are round trips to Redis (scaled out) they are sent together, in one
- * write on the shared connection (the hold from a forked fiber), and their
- * releases likewise (their two scopes closed at once by one finalizer): one
- * round trip to start a request and one to end it. The admission's refusal still wins over the hold's, and
+ * The permit, then the hold — in that order where both decide in memory, and
+ * then by plain calls in one step. Where both are round trips to Redis
+ * (scaled out) they are sent together, in one write on the shared connection
+ * (the hold from a forked fiber), and their releases likewise (their two
+ * scopes closed at once by one finalizer): one round trip to start a request
+ * and one to end it. The admission's refusal still wins over the hold's, and
  * whichever of the two succeeded is undone by the scope when the other
  * refused. What this changes: a request queued for a concurrency slot holds
- * its money while it waits.
+ * its money while it waits. The permit is released, and the hold settled
+ * from `outcome` (or voided), when `scope` closes: rate and quota units are
+ * refunded unless generation started.
  */
-const admitAndHold = <P, H, E1, E2, R1, R2>(
-  admission: Effect.Effect<P, E1, R1>,
-  holding: Effect.Effect<H, E2, R2>,
-  onAdmitted: () => void,
+const admitAndHold = (
+  res: ServerResponse,
+  requestId: string,
+  principal: Principal,
+  request: NormalizedRequest,
+  outcome: ChatCompletions.Outcome,
+  gauges: Operations.Gauges,
+  services: RequestServices,
+  scope: Scope.Scope,
 ) =>
   Effect.withFiberRuntime<
-    { readonly permit: P; readonly hold: H },
-    E1 | E2,
-    R1 | R2 | Quota.Quota | BillingService.Billing | Scope.Scope
+    { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
+    Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal,
+    Quota.Quota | BillingService.Billing | Limits.LimitsConfig | Scope.Scope
   >((fiber) => {
     const context = fiber.currentContext
     const quota = Context.unsafeGet(context, Quota.Quota)
     const billing = Context.unsafeGet(context, BillingService.Billing)
+    const model = request.preset.id
+    const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
+    const onSettled = (settlement: BillingService.Settlement, entry: Ledger.UsageEntry | undefined) =>
+      Operations.noteSettled(res, settlement, entry)
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    const admitted = Limits.admitNow(res, principal, model, outcome, quota, services.limits, scope, clock)
+    if (admitted !== undefined) {
+      if (Either.isLeft(admitted)) {
+        gauges.refused()
+        return Either.left(admitted.left)
+      }
+      gauges.admitted()
+      const permit = admitted.right
+      const input = Billing.reserveInput(principal, requestId, request, waitMillis)
+      const held = Billing.holdNow(billing, scope, clock, input, outcome, onSettled)
+      if (held !== undefined) return Either.map(held, (hold) => ({ permit, hold }))
+      return Effect.map(
+        Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis),
+        (hold) => ({
+          permit,
+          hold,
+        }),
+      )
+    }
+    const admission = Effect.tapError(Limits.admit(res, principal, model, outcome), () =>
+      Effect.sync(gauges.refused),
+    )
+    const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
     if (!quota.remote || billing.reserveNow !== undefined) {
       return Effect.flatMap(admission, (permit) => {
-        onAdmitted()
+        gauges.admitted()
         return Effect.map(holding, (hold) => ({ permit, hold }))
       })
     }
-    return Effect.gen(() =>
-      admitAndHoldApartBody(Context.unsafeGet(context, Scope.Scope), admission, holding, onAdmitted),
-    )
+    return Effect.gen(() => admitAndHoldApartBody(scope, admission, holding, gauges.admitted))
   })
 
 // Declared once, not made per call (the rule at the top of this module).

@@ -197,6 +197,53 @@ const dropRateHeadersUnlessCounted = (res: ServerResponse, committed: boolean) =
 
 // --- the request path -------------------------------------------------------------------
 
+const admitRequest = (
+  principal: Principal,
+  model: string,
+  config: LimitsConfigShape,
+): Quota.AdmitRequest => ({
+  subject: principal.account.id,
+  resource: model,
+  limits: cachedLimitsFor(principal.account, config),
+})
+
+/**
+ * `admit` by plain calls, where the quota service decides at once (the
+ * memory store): the permit, released by a plain cleanup of `scope`, or the
+ * refusal; undefined when only `admit` can decide (a queue wait, a remote
+ * store), with nothing changed.
+ */
+export const admitNow = (
+  res: ServerResponse,
+  principal: Principal,
+  model: string,
+  outcome: Pick<Outcome, "started">,
+  quota: Quota.QuotaShape,
+  config: LimitsConfigShape,
+  scope: Scope.Scope,
+  clock: Clock.Clock,
+): Either.Either<Quota.Permit, Quota.Refusal | AdmissionUnavailable> | undefined => {
+  const now = quota.admitNow(admitRequest(principal, model, config), clock)
+  if (now._tag === "Refused") {
+    setRateHeaders(res, now.rates)
+    return Either.left(now.error)
+  }
+  if (now._tag === "Async") return undefined
+  const { permit } = now
+  setRateHeaders(res, permit.rates)
+  Finalizers.addNow(scope, () => {
+    // A request that started counts even if nothing committed it yet.
+    if (outcome.started) permit.commit()
+    dropRateHeadersUnlessCounted(res, permit.committed())
+    permit.release()
+  })
+  return Either.right({
+    rates: permit.rates,
+    commit: Effect.sync(permit.commit),
+    isCommitted: Effect.sync(permit.committed),
+  })
+}
+
 /**
  * Admits the request into the caller's scope, per account and model, and sets
  * the `x-ratelimit-*` headers (on refusals too).
@@ -215,31 +262,12 @@ export const admit = (
     const context = fiber.currentContext
     const config = Context.unsafeGet(context, LimitsConfig)
     const quota = Context.unsafeGet(context, Quota.Quota)
-    const request = {
-      subject: principal.account.id,
-      resource: model,
-      limits: cachedLimitsFor(principal.account, config),
-    }
-    const now = quota.admitNow(request, Context.get(fiber.currentDefaultServices, Clock.Clock))
-    if (now._tag === "Refused") {
-      setRateHeaders(res, now.rates)
-      return Effect.fail(now.error)
-    }
-    if (now._tag === "Async") return admitAsync(res, quota, request, outcome)
-    // Decided synchronously (memory store): one finalizer, no scope work in the quota service.
-    const { permit } = now
-    setRateHeaders(res, permit.rates)
-    Finalizers.addNow(Context.unsafeGet(context, Scope.Scope), () => {
-      // A request that started counts even if nothing committed it yet.
-      if (outcome.started) permit.commit()
-      dropRateHeadersUnlessCounted(res, permit.committed())
-      permit.release()
-    })
-    return Effect.succeed({
-      rates: permit.rates,
-      commit: Effect.sync(permit.commit),
-      isCommitted: Effect.sync(permit.committed),
-    })
+    const scope = Context.unsafeGet(context, Scope.Scope)
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    return (
+      admitNow(res, principal, model, outcome, quota, config, scope, clock) ??
+      admitAsync(res, quota, admitRequest(principal, model, config), outcome)
+    )
   })
 
 // The generator bodies below are declared once, not made per call (HttpServer.ts says why).
