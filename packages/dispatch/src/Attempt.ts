@@ -214,13 +214,15 @@ export interface Attempt {
 
 /**
  * Prepares an attempt on `slot`, released with `parent` unless it ends
- * first. `begin` starts the node: by callback when it has `begin` (no fiber,
- * no scope: its release is a plain cleanup), else the open and the first
- * pull on a detached fiber of the strategy's runtime, its stream in a child
- * scope. Either way the first events (or the failure) reach `report` exactly
- * once.
+ * first, by plain calls: the slot is owned by `parent` from here. `begin`
+ * starts the node: by callback when it has `begin` (no fiber, no scope: its
+ * release is a plain cleanup; the attempt is returned as it is), else the
+ * open and the first pull on a detached fiber of the strategy's runtime,
+ * its stream in a child scope (returned as the Effect that forks that
+ * scope). Either way the first events (or the failure) reach `report`
+ * exactly once.
  */
-export const launch = (
+export const launchNow = (
   pool: NodePool,
   parent: Scope.Scope,
   sources: Pick<Sources, "runtime">,
@@ -228,61 +230,60 @@ export const launch = (
   request: NodeRequest,
   startedAt: number,
   report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
-): Effect.Effect<Attempt> =>
-  Effect.suspend(() => {
-    const held = Finalizers.groupNow(parent)
-    const attempt: Attempt = {
-      slot,
-      held,
-      scope: undefined,
-      startedAt,
-      pull: undefined,
-      next: undefined,
-      cancel: () => undefined,
-      reported: false,
-      begin: () => undefined,
-    }
-    const deliver = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
-      if (attempt.reported) return
-      attempt.reported = true
-      report(attempt, exit)
-    }
-    const node = slot.entry.node
-    let stopNode: (() => void) | undefined
-    // Runs last: the node stopped (unless it finished), the slot freed.
-    held.add(() => {
-      stopNode?.()
-      pool.release(slot)
-    })
-    if (node.begin !== undefined) {
-      // The node reports by callback: no fiber for the attempt at all.
-      const begin = node.begin
-      attempt.begin = () => {
-        const started = begin(request, deliver)
-        attempt.pull = started.pull
-        attempt.next = started.next
-        attempt.cancel = started.stop
-        stopNode = started.stop
-      }
-      return Effect.succeed(attempt)
-    }
-    // Added to `parent` after `held`, so the stream is closed before the slot is freed.
-    return Effect.map(Scope.fork(parent, ExecutionStrategy.sequential), (scope) => {
-      attempt.scope = scope
-      const first = Effect.flatMap(openOn(node, request, scope), (pull) => {
-        attempt.pull = pull
-        return firstNonEmpty(pull)
-      })
-      attempt.begin = () => {
-        const fiber = Runtime.runFork(sources.runtime)(first)
-        attempt.cancel = () => {
-          if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
-        }
-        fiber.addObserver(deliver)
-      }
-      return attempt
-    })
+): Attempt | Effect.Effect<Attempt> => {
+  const held = Finalizers.groupNow(parent)
+  const attempt: Attempt = {
+    slot,
+    held,
+    scope: undefined,
+    startedAt,
+    pull: undefined,
+    next: undefined,
+    cancel: () => undefined,
+    reported: false,
+    begin: () => undefined,
+  }
+  const deliver = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+    if (attempt.reported) return
+    attempt.reported = true
+    report(attempt, exit)
+  }
+  const node = slot.entry.node
+  let stopNode: (() => void) | undefined
+  // Runs last: the node stopped (unless it finished), the slot freed.
+  held.add(() => {
+    stopNode?.()
+    pool.release(slot)
   })
+  if (node.begin !== undefined) {
+    // The node reports by callback: no fiber for the attempt at all.
+    const begin = node.begin
+    attempt.begin = () => {
+      const started = begin(request, deliver)
+      attempt.pull = started.pull
+      attempt.next = started.next
+      attempt.cancel = started.stop
+      stopNode = started.stop
+    }
+    return attempt
+  }
+  // Added to `parent` after `held`, so the stream is closed before the slot is freed.
+  return Effect.map(Scope.fork(parent, ExecutionStrategy.sequential), (scope) => {
+    attempt.scope = scope
+    const first = Effect.flatMap(openOn(node, request, scope), (pull) => {
+      attempt.pull = pull
+      return firstNonEmpty(pull)
+    })
+    attempt.begin = () => {
+      const fiber = Runtime.runFork(sources.runtime)(first)
+      attempt.cancel = () => {
+        if (!attempt.reported) fiber.unsafeInterruptAsFork(FiberId.none)
+      }
+      fiber.addObserver(deliver)
+    }
+    return attempt
+  })
+}
 
 /** Ends an attempt that lost or failed: its first pull stopped, its node stream and slot freed. */
 export const close = (attempt: Attempt): Effect.Effect<void> =>

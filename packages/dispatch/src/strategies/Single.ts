@@ -18,14 +18,14 @@ import {
   classify,
   close,
   ended,
-  launch,
+  launchNow,
   modelRequest,
   sources,
   timedOut,
   winner,
 } from "../Attempt"
 import * as Finalizers from "../Finalizers"
-import type { Entry } from "../NodePool"
+import type { Entry, Slot } from "../NodePool"
 import type { NodeEvent, NodeFailure, NodeRequest } from "../NodeTransport"
 import type { Preset } from "../Presets"
 import { capacityExhausted, type NodeRun, runOf, type StrategyContext } from "./Strategy"
@@ -44,6 +44,11 @@ const hedgeDelay = (ctx: StrategyContext, preset: Preset, entry: Entry, now: num
   const own = entry.health.p95()
   if (own !== undefined) return Math.max(ctx.hedgeMinMillis, own)
   return Math.max(ctx.hedgeMinMillis, ctx.pool.swarmTtftP95(preset.id, now) ?? ctx.hedgeAfterMillis)
+}
+
+/** What `start` gave: an attempt at once, or the Effect that launches (or waits for) one. */
+function* started(start: Attempt | Effect.Effect<Attempt | undefined> | undefined) {
+  return start === undefined || !Effect.isEffect(start) ? start : yield* start
 }
 
 // Declared once, not made per call: a generator closure per request keeps all it captures out of
@@ -117,39 +122,59 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
     for (const attempt of running) attempt.cancel()
   })
 
-  const start = (waitMillis: number) =>
-    pool.claim(
-      preset.id,
-      tried,
-      vision,
-      waitMillis,
-      (slot) => {
-        tried.add(slot.entry.node.id)
-        const now = clockNow()
-        return Effect.map(
-          launch(
-            pool,
-            parent,
-            fiber,
-            slot,
-            modelRequest(slot.entry, preset, request, idleTimeoutMillis),
-            now,
-            (attempt, exit) => post({ _tag: "Done", attempt, exit }),
-          ),
-          (attempt) => {
-            running.push(attempt)
-            if (!hedged) {
-              const delay = hedgeDelay(ctx, preset, slot.entry, now)
-              hedgeAt = delay === undefined ? undefined : now + delay
-            }
-            arm(now)
-            attempt.begin()
-            return attempt
-          },
-        )
-      },
+  const report = (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) =>
+    post({ _tag: "Done", attempt, exit })
+  /** A launched attempt starts running: its hedge and first-token limit armed, its node begun. */
+  const began = (attempt: Attempt, now: number) => {
+    running.push(attempt)
+    if (!hedged) {
+      const delay = hedgeDelay(ctx, preset, attempt.slot.entry, now)
+      hedgeAt = delay === undefined ? undefined : now + delay
+    }
+    arm(now)
+    attempt.begin()
+    return attempt
+  }
+  const launchOn = (slot: Slot) => {
+    tried.add(slot.entry.node.id)
+    const now = clockNow()
+    const launched = launchNow(
+      pool,
+      parent,
       fiber,
+      slot,
+      modelRequest(slot.entry, preset, request, idleTimeoutMillis),
+      now,
+      report,
     )
+    return Effect.isEffect(launched)
+      ? Effect.map(launched, (attempt) => began(attempt, now))
+      : began(launched, now)
+  }
+  /**
+   * An attempt on a node free right now, by plain calls (an Effect only for a
+   * node opened by Effect); undefined when none is free.
+   */
+  const startNow = () => {
+    const slot = pool.claimNow(pool.serving(preset.id), tried, vision, fiber.draw(), fiber.draw(), clockNow())
+    return slot === undefined ? undefined : launchOn(slot)
+  }
+  /** `startNow`, else waiting up to `waitMillis` in the dispatch queue for a node to come free. */
+  const start = (waitMillis: number): Attempt | Effect.Effect<Attempt | undefined> | undefined =>
+    startNow() ??
+    (waitMillis <= 0
+      ? undefined
+      : pool.claim(
+          preset.id,
+          tried,
+          vision,
+          waitMillis,
+          (slot) => {
+            const launched = launchOn(slot)
+            return Effect.isEffect(launched) ? launched : Effect.succeed(launched)
+          },
+          fiber,
+        ))
 
   /** An attempt that failed before its first token: noted, freed; the next one starts if attempts remain. */
   const failed = (attempt: Attempt, failure: NodeFailure, at: number) =>
@@ -159,7 +184,7 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
       return close(attempt)
     })
 
-  const first = yield* start(ctx.queueWaitMillis)
+  const first = yield* started(start(ctx.queueWaitMillis))
   if (first === undefined) return yield* Effect.fail(capacityExhausted(ctx, preset))
   let launched = 1
 
@@ -181,7 +206,7 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
         hedged = true
         const backed = [...running]
         // Only a node free right now: a hedge never waits in the queue.
-        const hedge = yield* start(0)
+        const hedge = yield* started(start(0))
         if (hedge !== undefined) for (const attempt of backed) attempt.slot.entry.hedges++
       }
       arm(at)
@@ -216,7 +241,7 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
     // Nothing runs any more: a replacement while attempts last.
     if (launched < ctx.maxAttempts) {
       launched++
-      const replacement = yield* start(ctx.queueWaitMillis)
+      const replacement = yield* started(start(ctx.queueWaitMillis))
       if (replacement !== undefined) continue
     }
     stopAlarm()
