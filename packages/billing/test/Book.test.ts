@@ -339,4 +339,24 @@ describe("Book", () => {
     expect(book.settle("r", 900, START)?.chargedMicros).toBe(400)
     expect(book.accounts.get("a")?.balance).toBe(600)
   })
+
+  it("startOfUtcMonth is the first instant of the UTC month of any instant, asked in any order", () => {
+    const instants = fc.array(
+      fc.oneof(
+        fc.integer({ min: 0, max: 4_102_444_800_000 }),
+        // The edges of months: the last and the first millisecond.
+        fc.integer({ min: 0, max: 1_200 }).map((m) => Date.UTC(1970, m, 1) + (m % 2 === 0 ? 0 : -1)),
+      ),
+      { minLength: 1, maxLength: 50 },
+    )
+    fc.assert(
+      fc.property(instants, (all) => {
+        for (const now of all) {
+          const date = new Date(now)
+          expect(startOfUtcMonth(now)).toBe(Date.UTC(date.getUTCFullYear(), date.getUTCMonth(), 1))
+        }
+      }),
+    )
+  })
 })
+

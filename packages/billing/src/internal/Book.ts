@@ -119,9 +119,17 @@ export interface Charge {
   readonly chargedMicros: number
 }
 
+/** The last month computed, [start, end): each request asks, and a `Date` per ask showed in profiles. */
+let monthStart = 0
+let monthEnd = 0
+
 export const startOfUtcMonth = (now: number): number => {
+  if (now >= monthStart && now < monthEnd) return monthStart
   const date = new Date(now)
-  return Date.UTC(date.getUTCFullYear(), date.getUTCMonth(), 1)
+  const start = Date.UTC(date.getUTCFullYear(), date.getUTCMonth(), 1)
+  monthStart = start
+  monthEnd = Date.UTC(date.getUTCFullYear(), date.getUTCMonth() + 1, 1)
+  return start
 }
 
 export class Book {
