@@ -91,8 +91,8 @@ type RunError = CapacityExhausted | UpstreamError | UpstreamTimeout
 
 /** What the server wires around one answer (limits, logs, the drain), as plain callbacks. */
 export interface RespondHooks {
-  /** The dispatcher handed over a run: the node produced its first event. */
-  readonly onRun?: ((run: Dispatcher.NodeRun) => Effect.Effect<void>) | undefined
+  /** The dispatcher handed over a run: the node produced its first event. Undefined: done by plain calls. */
+  readonly onRun?: ((run: Dispatcher.NodeRun) => Effect.Effect<void> | undefined) | undefined
   /** Registers `halt` for the drain deadline; returns its removal. A halted answer ends as `upstream_error`. */
   readonly onHalt?: ((halt: () => void) => () => void) | undefined
   /** The answer was stopped (running-time limit, drain, revocation) with this wire code. */
@@ -284,7 +284,8 @@ function* answerBody(
   })
   outcome.started = true
   outcome.nodeId = run.nodeId
-  if (hooks.onRun !== undefined) yield* hooks.onRun(run)
+  const ran = hooks.onRun?.(run)
+  if (ran !== undefined) yield* ran
   // The drain may end a running answer; a request not yet started is the drain's own to refuse.
   if (hooks.onHalt !== undefined) offs.halt = hooks.onHalt(() => stop("halted"))
   if (!request.stream) {

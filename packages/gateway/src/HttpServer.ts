@@ -89,6 +89,8 @@ interface RequestServices {
   readonly config: GatewayConfigShape
   readonly dispatcher: Dispatcher.DispatcherShape
   readonly limits: Limits.LimitsConfigShape
+  /** Runs an effect on the listener's runtime (a key checked again when it changed). */
+  readonly runFork: <A, E>(effect: Effect.Effect<A, E, GatewayServices>) => Fiber.RuntimeFiber<A, E>
 }
 
 /*
@@ -172,10 +174,9 @@ function* serveBody(
   )
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
-  // The permit is committed the moment generation starts: failures before leave no count.
   yield* ChatCompletions.respond(res, requestId, served, outcome, {
-    ...Operations.respondHooks(res, () => permit.commit),
-    onRevocation: yield* revocation(req, principal),
+    ...Operations.respondHooks(res, permit),
+    onRevocation: revocation(services, req, principal),
   })
 }
 
@@ -286,29 +287,17 @@ function* admitAndHoldApartBody<P, H, E1, E2, R1, R2>(
  * its account changes (here or, through the invalidation bus, on another
  * instance), the request's key is checked again; a refusal now ends it.
  */
-const revocation = (req: IncomingMessage, principal: Principal) =>
-  Effect.withFiberRuntime<(revoke: (error: ApiError) => void) => () => void>((fiber, status) => {
-    const apiKeys = Context.unsafeGet(fiber.currentContext, ApiKeys.ApiKeys)
-    // The runtime is built when a change comes, not per request: reading a fiber's refs has a cost.
-    const runtime = () =>
-      Runtime.make({
-        context: fiber.currentContext as Context.Context<never>,
-        fiberRefs: fiber.getFiberRefs(),
-        runtimeFlags: status.runtimeFlags,
+const revocation =
+  (services: RequestServices, req: IncomingMessage, principal: Principal) =>
+  (revoke: (error: ApiError) => void) =>
+    services.apiKeys.watch(principal.key.id, principal.account.id, () => {
+      services.runFork(services.apiKeys.authenticate(req.headers.authorization, true)).addObserver((exit) => {
+        if (Exit.isSuccess(exit)) return
+        const failure = Cause.failureOption(exit.cause)
+        // Storage trouble says nothing about the key: the request runs on.
+        if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
       })
-    return Effect.succeed((revoke: (error: ApiError) => void) =>
-      apiKeys.watch(principal.key.id, principal.account.id, () => {
-        Runtime.runFork(runtime())(apiKeys.authenticate(req.headers.authorization, true)).addObserver(
-          (exit) => {
-            if (Exit.isSuccess(exit)) return
-            const failure = Cause.failureOption(exit.cause)
-            // Storage trouble says nothing about the key: the request runs on.
-            if (Option.isSome(failure) && isApiError(failure.value)) revoke(failure.value)
-          },
-        )
-      }),
-    )
-  })
+    })
 
 /** Vision is a property of the nodes behind a preset; nodes come and go, so it is looked up per request. */
 const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetView | undefined => {
@@ -411,6 +400,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     config: Context.get(context, GatewayConfig),
     dispatcher: Context.get(context, Dispatcher.Dispatcher),
     limits: Context.get(context, Limits.LimitsConfig),
+    runFork: Runtime.runFork(runtime),
   }
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()

@@ -240,6 +240,7 @@ export const admitNow = (
   return Either.right({
     rates: permit.rates,
     commit: Effect.sync(permit.commit),
+    commitNow: permit.commit,
     isCommitted: Effect.sync(permit.committed),
   })
 }

@@ -12,6 +12,7 @@ import { timingSafeEqual } from "node:crypto"
 import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Principal } from "@swarmgate/auth"
 import type { Billing } from "@swarmgate/billing"
+import type { Quota } from "@swarmgate/quota"
 import { Effect, type Fiber, FiberRef, Option, Redacted } from "effect"
 import type * as ChatCompletions from "./ChatCompletions"
 import { Drainer, refuse } from "./Drain"
@@ -260,21 +261,24 @@ export const gauges = (res: ServerResponse): Gauges => {
  * The hooks of an answer: notes the node and the first token, and lets the
  * drain end the answer at its deadline.
  */
-export const respondHooks = (
-  res: ServerResponse,
-  onRun: () => Effect.Effect<void>,
-): ChatCompletions.RespondHooks => {
+export const respondHooks = (res: ServerResponse, permit: Quota.Permit): ChatCompletions.RespondHooks => {
+  // The permit is committed the moment generation starts: failures before leave no count.
+  const { commitNow } = permit
+  const commit = (): Effect.Effect<void> | undefined => {
+    if (commitNow === undefined) return permit.commit
+    commitNow()
+    return undefined
+  }
   const ctx = contextOf(res)
-  if (ctx === undefined) return { onRun }
+  if (ctx === undefined) return { onRun: commit }
   const record = ctx.record
   const drainer = ctx.ops.drainer
   return {
-    onRun: (run) =>
-      Effect.suspend(() => {
-        record.firstTokenAt = Date.now()
-        record.nodeId = run.nodeId
-        return onRun()
-      }),
+    onRun: (run) => {
+      record.firstTokenAt = Date.now()
+      record.nodeId = run.nodeId
+      return commit()
+    },
     onHalt: (halt) => drainer.onHalt(halt),
     onStopped: (code) => {
       record.code = code

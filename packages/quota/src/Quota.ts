@@ -88,6 +88,8 @@ export interface Permit {
    * starts. Idempotent; without it, closing the scope refunds everything.
    */
   readonly commit: Effect.Effect<void>
+  /** `commit` by a plain call, where the permit was decided in memory (`admitNow`). */
+  readonly commitNow?: (() => void) | undefined
   readonly isCommitted: Effect.Effect<boolean>
 }
 
