@@ -93,6 +93,21 @@ interface RequestServices {
   readonly runFork: <A, E>(effect: Effect.Effect<A, E, GatewayServices>) => Fiber.RuntimeFiber<A, E>
 }
 
+/**
+ * A request as the edge received it, made once by the listener and passed
+ * down: its `node:http` pair, id and arrival, the services it reads, and its
+ * scope (made by the listener, placed in the fiber's context, closed when
+ * the fiber ends).
+ */
+interface EdgeRequest {
+  readonly req: IncomingMessage
+  readonly res: ServerResponse
+  readonly requestId: string
+  readonly startedAt: number
+  readonly services: RequestServices
+  readonly scope: Scope.CloseableScope
+}
+
 /*
  * The request path's Effect.gen bodies (here, RequestPolicy.normalize, the
  * single strategy, the answer, admission, /v1/models) are generator functions
@@ -107,21 +122,15 @@ interface RequestServices {
  * these gone and `--no-allocation-site-pretenuring` (set by the bin), a chat
  * completion promotes ~1 KB instead of ~21 KB (BENCHMARKS.md, 2026-11-26).
  */
-function* chatCompletionBody(
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  startedAt: number,
-  services: RequestServices,
-  scope: Scope.Scope,
-) {
+function* chatCompletionBody(edge: EdgeRequest) {
+  const { req, res, services } = edge
   const { config, dispatcher } = services
   const principal = yield* authenticate(services.apiKeys, req)
   Operations.notePrincipal(res, principal)
   if (!isJsonContentType(req.headers["content-type"])) {
     return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
   }
-  const json = yield* readJson(req, config, startedAt, scope)
+  const json = yield* readJson(req, config, edge.startedAt, edge.scope)
   const decoded = decodeChatCompletionRequest(json)
   if (Either.isLeft(decoded)) return yield* decoded.left
   const request = yield* normalize(
@@ -132,63 +141,33 @@ function* chatCompletionBody(
   )
   Operations.noteRequest(res, request)
   // In the request's scope (made by the listener): it closes when the request's fiber ends.
-  yield* serve(req, res, requestId, principal, request, services, scope)
+  yield* serve(edge, principal, request)
 }
 
-const chatCompletion = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  startedAt: number,
-  services: RequestServices,
-  scope: Scope.Scope,
-) => Effect.gen(() => chatCompletionBody(req, res, requestId, startedAt, services, scope))
+const chatCompletion = (edge: EdgeRequest) => Effect.gen(() => chatCompletionBody(edge))
 
 /**
  * Admission, the hold and the answer, in one scope: the node stream, the
  * permit and the hold are released there, whatever ends the request.
  */
-function* serveBody(
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  principal: Principal,
-  request: NormalizedRequest,
-  services: RequestServices,
-  scope: Scope.Scope,
-) {
+function* serveBody(edge: EdgeRequest, principal: Principal, request: NormalizedRequest) {
+  const { res, requestId } = edge
   const outcome = ChatCompletions.newOutcome()
   const gauges = Operations.gauges(res)
   gauges.waiting()
   // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
-  Finalizers.addNow(scope, gauges.finished)
-  const { permit, hold } = yield* admitAndHold(
-    res,
-    requestId,
-    principal,
-    request,
-    outcome,
-    gauges,
-    services,
-    scope,
-  )
+  Finalizers.addNow(edge.scope, gauges.finished)
+  const { permit, hold } = yield* admitAndHold(edge, principal, request, outcome, gauges)
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
   yield* ChatCompletions.respond(res, requestId, served, outcome, {
     ...Operations.respondHooks(res, permit),
-    onRevocation: revocation(services, req, principal),
+    onRevocation: revocation(edge, principal),
   })
 }
 
-const serve = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  principal: Principal,
-  request: NormalizedRequest,
-  services: RequestServices,
-  scope: Scope.Scope,
-) => Effect.gen(() => serveBody(req, res, requestId, principal, request, services, scope))
+const serve = (edge: EdgeRequest, principal: Principal, request: NormalizedRequest) =>
+  Effect.gen(() => serveBody(edge, principal, request))
 
 /**
  * The permit, then the hold — in that order where both decide in memory, and
@@ -204,20 +183,18 @@ const serve = (
  * refunded unless generation started.
  */
 const admitAndHold = (
-  res: ServerResponse,
-  requestId: string,
+  edge: EdgeRequest,
   principal: Principal,
   request: NormalizedRequest,
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
-  services: RequestServices,
-  scope: Scope.Scope,
 ) =>
   Effect.withFiberRuntime<
     { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
     Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal,
     Quota.Quota | BillingService.Billing | Limits.LimitsConfig | Scope.Scope
   >((fiber) => {
+    const { res, requestId, services, scope } = edge
     const context = fiber.currentContext
     const quota = Context.unsafeGet(context, Quota.Quota)
     const billing = Context.unsafeGet(context, BillingService.Billing)
@@ -288,7 +265,7 @@ function* admitAndHoldApartBody<P, H, E1, E2, R1, R2>(
  * instance), the request's key is checked again; a refusal now ends it.
  */
 const revocation =
-  (services: RequestServices, req: IncomingMessage, principal: Principal) =>
+  ({ req, services }: EdgeRequest, principal: Principal) =>
   (revoke: (error: ApiError) => void) =>
     services.apiKeys.watch(principal.key.id, principal.account.id, () => {
       services.runFork(services.apiKeys.authenticate(req.headers.authorization, true)).addObserver((exit) => {
@@ -309,27 +286,20 @@ type Route =
   | SideRoutes.Route
   | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices | Scope.Scope> }
 
-const route = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  startedAt: number,
-  side: SideRoutes.SideRoutesShape | undefined,
-  services: RequestServices,
-  scope: Scope.Scope,
-): Route => {
+const route = (edge: EdgeRequest, side: SideRoutes.SideRoutesShape | undefined): Route => {
+  const { req, res, requestId } = edge
   const url = req.url ?? "/"
   const q = url.indexOf("?")
   const path = q < 0 ? url : url.slice(0, q)
   const method = req.method ?? "GET"
   if (path === "/v1/chat/completions") {
     return method === "POST"
-      ? { _tag: "Run", effect: chatCompletion(req, res, requestId, startedAt, services, scope) }
+      ? { _tag: "Run", effect: chatCompletion(edge) }
       : { _tag: "Empty", status: 405, allow: "POST" }
   }
   if (path === "/v1/models") {
     return method === "GET" || method === "HEAD"
-      ? { _tag: "Run", effect: Models.list(authenticate(services.apiKeys, req), res, requestId) }
+      ? { _tag: "Run", effect: Models.list(authenticate(edge.services.apiKeys, req), res, requestId) }
       : { _tag: "Empty", status: 405, allow: "GET" }
   }
   if (path === "/healthz" && method === "GET") {
@@ -337,19 +307,14 @@ const route = (
   }
   // Outside /v1 (which keeps exactly its two routes): the admin API and pages, when present.
   if (side !== undefined && !path.startsWith("/v1/")) {
-    const decided = side.route(req, res, path, startedAt)
+    const decided = side.route(req, res, path, edge.startedAt)
     if (decided !== undefined) return decided
   }
   return { _tag: "Empty", status: 404 }
 }
 
 /** Renders how a request failed, unless it was interrupted (the client left, or its cleanups answered). */
-const render = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  cause: Cause.Cause<unknown>,
-) => {
+const render = ({ req, res, requestId }: EdgeRequest, cause: Cause.Cause<unknown>) => {
   if (Cause.isInterruptedOnly(cause)) return
   const failure = Cause.failureOption(cause)
   const error =
@@ -367,23 +332,16 @@ const render = (
  * The end of every request: its scope closes (permit, hold, node stream,
  * a stopped answer written), then a failure is rendered.
  */
-const finish = (
-  req: IncomingMessage,
-  res: ServerResponse,
-  requestId: string,
-  scope: Scope.CloseableScope,
-  exit: Exit.Exit<unknown, unknown>,
-): Effect.Effect<void> => {
-  const closing = Finalizers.close(scope, exit)
+const finish = (edge: EdgeRequest, exit: Exit.Exit<unknown, unknown>): Effect.Effect<void> => {
+  const closing = Finalizers.close(edge.scope, exit)
   if (closing === Effect.void) {
-    if (Exit.isFailure(exit)) render(req, res, requestId, exit.cause)
+    if (Exit.isFailure(exit)) render(edge, exit.cause)
     return Effect.void
   }
   return Effect.matchCause(closing, {
-    onFailure: (cause) =>
-      render(req, res, requestId, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause),
+    onFailure: (cause) => render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause),
     onSuccess: () => {
-      if (Exit.isFailure(exit)) render(req, res, requestId, exit.cause)
+      if (Exit.isFailure(exit)) render(edge, exit.cause)
     },
   })
 }
@@ -434,9 +392,10 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
     // a common request's cleanups are plain calls run by `Finalizers.close` (no step to close it either).
     const scope = Finalizers.makeScopeNow()
+    const edge: EdgeRequest = { req, res, requestId, startedAt, services, scope }
     let decided: Route
     try {
-      decided = route(req, res, requestId, startedAt, side, services, scope)
+      decided = route(edge, side)
     } catch {
       // A malformed percent-escape in a path outside /v1.
       decided = { _tag: "Empty", status: 404 }
@@ -447,7 +406,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     }
     const fiber = Runtime.runFork(
       Runtime.make({ context: Context.add(context, Scope.Scope, scope), fiberRefs, runtimeFlags }),
-    )(Effect.onExit(decided.effect, (exit) => finish(req, res, requestId, scope, exit)))
+    )(Effect.onExit(decided.effect, (exit) => finish(edge, exit)))
     if (ops !== undefined) Operations.track(ops, fiber, res)
     res.on("close", () => {
       if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)
