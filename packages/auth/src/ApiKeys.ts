@@ -83,9 +83,9 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
     const lookupTimeout = options.lookupTimeoutMillis ?? 2_000
     const staleIfError = options.staleIfErrorMillis ?? 60_000
 
+    /** A cache miss (or an expired entry): the repository, with the stale entry kept for its outages. */
     const lookup = (hash: string, now: number) => {
       const hit = cache.get(hash)
-      if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit.principal)
       return repository.findByHash(hash).pipe(
         // A stalled database must not hold requests indefinitely; the stuck query is abandoned, not awaited.
         Effect.either,

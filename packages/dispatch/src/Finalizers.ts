@@ -145,12 +145,13 @@ export const makeScopeNow = (): Scope.CloseableScope => {
 }
 
 /**
- * Closes `scope` with `exit`, like `Scope.close`; when it holds only plain
- * cleanups (the common request), they run here by plain calls, newest first,
- * and the result is an Effect with nothing left to do (or the first cleanup's
- * error, as a defect).
+ * Closes `scope` with `exit`. When it holds only plain cleanups (the common
+ * request), they run here, at the call, newest first, and the result is an
+ * Effect with nothing left to do (or, if a cleanup threw, the first error as
+ * a defect, after every cleanup ran). Otherwise nothing runs until the
+ * returned Effect does: it is `Scope.close`.
  */
-export const close = (
+export const closeNow = (
   scope: Scope.CloseableScope,
   exit: Exit.Exit<unknown, unknown>,
 ): Effect.Effect<void> => {

@@ -333,7 +333,8 @@ export class NodePool {
    * in one uninterruptible step, so a slot is never claimed without its owner
    * — waiting up to `waitMillis` (interruptibly) in the bounded queue while
    * every eligible node is busy. Undefined when no node came free, the queue
-   * is full, or no untried node could serve at all.
+   * is full, or no untried node could serve at all. With `triedNow`, the
+   * caller has just tried `claimNow` itself: the wait starts at once.
    */
   claim<A>(
     presetId: string,
@@ -342,6 +343,7 @@ export class NodePool {
     waitMillis: number,
     take: (slot: Slot) => Effect.Effect<A>,
     sources?: { readonly draw: () => number; readonly now: () => number },
+    triedNow = false,
   ): Effect.Effect<A | undefined> {
     const self = this
     const tryClaim =
@@ -362,7 +364,7 @@ export class NodePool {
         slot === undefined ? Effect.succeed(undefined) : Effect.map(take(slot), (value) => ({ value })),
       ),
     )
-    return Effect.flatMap(attempt, (first) => {
+    return Effect.flatMap(triedNow ? Effect.succeed(undefined) : attempt, (first) => {
       if (first !== undefined || waitMillis <= 0) return Effect.succeed(first?.value)
       return Effect.gen(function* () {
         const deadline = (yield* Clock.currentTimeMillis) + waitMillis

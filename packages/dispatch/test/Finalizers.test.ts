@@ -148,7 +148,7 @@ describe("Finalizers", () => {
       }),
   )
 
-  it.effect("close runs plain cleanups by plain calls, newest first, and leaves nothing to run", () =>
+  it.effect("closeNow runs plain cleanups by plain calls, newest first, and leaves nothing to run", () =>
     Effect.gen(function* () {
       const scope = Finalizers.makeScopeNow()
       const ran: Array<string> = []
@@ -156,7 +156,7 @@ describe("Finalizers", () => {
       const group = Finalizers.groupNow(scope)
       group.add(() => ran.push("group"))
       Finalizers.addNow(scope, () => ran.push("b"))
-      const closing = Finalizers.close(scope, Exit.void)
+      const closing = Finalizers.closeNow(scope, Exit.void)
       // Already ran, before the returned Effect is run.
       expect(ran).toEqual(["b", "group", "a"])
       expect(closing).toBe(Effect.void)
@@ -182,26 +182,28 @@ describe("Finalizers", () => {
           Effect.sync(() => ran.push("own")),
         )
         Finalizers.addNow(scope, () => ran.push("plain 2"))
-        const closing = Finalizers.close(scope, Exit.void)
+        const closing = Finalizers.closeNow(scope, Exit.void)
         expect(ran).toEqual([])
         yield* closing
         expect(ran).toEqual(["plain 2", "own", "plain 1"])
       }),
   )
 
-  it.effect("close runs every cleanup even if one threw, then fails with the first error as a defect", () =>
-    Effect.gen(function* () {
-      const scope = Finalizers.makeScopeNow()
-      const ran: Array<string> = []
-      const boom = new Error("boom")
-      Finalizers.addNow(scope, () => ran.push("first added"))
-      Finalizers.addNow(scope, () => {
-        throw boom
-      })
-      Finalizers.addNow(scope, () => ran.push("last added"))
-      const closed = yield* Effect.exit(Finalizers.close(scope, Exit.void))
-      expect(ran).toEqual(["last added", "first added"])
-      expect(Exit.isFailure(closed) && Cause.isDie(closed.cause)).toBe(true)
-    }),
+  it.effect(
+    "closeNow runs every cleanup even if one threw, then fails with the first error as a defect",
+    () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        const ran: Array<string> = []
+        const boom = new Error("boom")
+        Finalizers.addNow(scope, () => ran.push("first added"))
+        Finalizers.addNow(scope, () => {
+          throw boom
+        })
+        Finalizers.addNow(scope, () => ran.push("last added"))
+        const closed = yield* Effect.exit(Finalizers.closeNow(scope, Exit.void))
+        expect(ran).toEqual(["last added", "first added"])
+        expect(Exit.isFailure(closed) && Cause.isDie(closed.cause)).toBe(true)
+      }),
   )
 })

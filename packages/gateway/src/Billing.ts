@@ -149,12 +149,22 @@ export const hold = (
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
     return (
       holdNow(billing, scope, clock, input, outcome, onSettled) ??
-      Effect.uninterruptible(
-        Effect.tap(reserve(billing, input), () =>
-          Scope.addFinalizerExit(scope, (exit) =>
-            settleOutcome(billing, requestId, outcome, exit, onSettled),
-          ),
-        ),
-      )
+      holdWaiting(billing, scope, input, outcome, onSettled)
     )
   })
+
+/** `hold` where `holdNow` could not decide (a remote book, a wait for money): through the book's Effect path. */
+export const holdWaiting = (
+  billing: Billing.BillingShape,
+  scope: Scope.Scope,
+  input: Billing.ReserveInput,
+  outcome: Outcome,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+): Effect.Effect<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> =>
+  Effect.uninterruptible(
+    Effect.tap(reserve(billing, input), () =>
+      Scope.addFinalizerExit(scope, (exit) =>
+        settleOutcome(billing, input.requestId, outcome, exit, onSettled),
+      ),
+    ),
+  )

@@ -95,10 +95,12 @@ const readWith = <A, E>(
     }
     const chunks: Array<Buffer> = []
     let size = 0
+    // Kept by the request's scope until it closes: it lets go of the body's chunks.
     const cleanup = () => {
       cancelTimer()
       req.off("data", onData)
       req.off("end", onEnd)
+      chunks.length = 0
     }
     const onData = (chunk: Buffer) => {
       size += chunk.length
@@ -111,8 +113,9 @@ const readWith = <A, E>(
       chunks.push(chunk)
     }
     const onEnd = () => {
+      const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
       cleanup()
-      resume(done(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
+      resume(done(body))
     }
     // One shared list for every body's deadline, counted from the request's arrival.
     const cancelTimer = Timers.deadline(

@@ -32,6 +32,7 @@ import {
   Exit,
   Fiber,
   FiberId,
+  HashSet,
   Option,
   Runtime,
   Scope,
@@ -214,16 +215,14 @@ const admitAndHold = (
       const input = Billing.reserveInput(principal, requestId, request, waitMillis)
       const held = Billing.holdNow(billing, scope, clock, input, outcome, onSettled)
       if (held !== undefined) return Either.map(held, (hold) => ({ permit, hold }))
-      return Effect.map(
-        Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis),
-        (hold) => ({
-          permit,
-          hold,
-        }),
-      )
+      return Effect.map(Billing.holdWaiting(billing, scope, input, outcome, onSettled), (hold) => ({
+        permit,
+        hold,
+      }))
     }
-    const admission = Effect.tapError(Limits.admit(res, principal, model, outcome), () =>
-      Effect.sync(gauges.refused),
+    const admission = Effect.tapError(
+      Limits.admitWaiting(res, principal, model, outcome, quota, services.limits),
+      () => Effect.sync(gauges.refused),
     )
     const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
     if (!quota.remote || billing.reserveNow !== undefined) {
@@ -333,17 +332,20 @@ const render = ({ req, res, requestId }: EdgeRequest, cause: Cause.Cause<unknown
  * a stopped answer written), then a failure is rendered.
  */
 const finish = (edge: EdgeRequest, exit: Exit.Exit<unknown, unknown>): Effect.Effect<void> => {
-  const closing = Finalizers.close(edge.scope, exit)
-  if (closing === Effect.void) {
-    if (Exit.isFailure(exit)) render(edge, exit.cause)
-    return Effect.void
-  }
-  return Effect.matchCause(closing, {
-    onFailure: (cause) => render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause),
-    onSuccess: () => {
-      if (Exit.isFailure(exit)) render(edge, exit.cause)
-    },
-  })
+  const closing = Finalizers.closeNow(edge.scope, exit)
+  if (closing === Effect.void && Exit.isSuccess(exit)) return Effect.void
+  // An interrupted request renders nothing: the client left, or what stopped it answered.
+  return Effect.descriptorWith((fiber) =>
+    Effect.matchCause(closing, {
+      onFailure: (cause) => {
+        if (HashSet.size(fiber.interruptors) === 0)
+          render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause)
+      },
+      onSuccess: () => {
+        if (Exit.isFailure(exit) && HashSet.size(fiber.interruptors) === 0) render(edge, exit.cause)
+      },
+    }),
+  )
 }
 
 /**
@@ -351,7 +353,11 @@ const finish = (edge: EdgeRequest, exit: Exit.Exit<unknown, unknown>): Effect.Ef
  * `ops`, also `/readyz`, `/metrics`, the drain, metrics and request logs.
  */
 export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Operations.Operations) => {
-  const { context, fiberRefs, runtimeFlags } = runtime
+  const { context, runtimeFlags } = runtime
+  // A request's failure is rendered by `finish`, not logged again by Effect as an unhandled error.
+  const fiberRefs = Runtime.runSync(runtime)(
+    Effect.withUnhandledErrorLogLevel(Effect.getFiberRefs, Option.none()),
+  )
   const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
   const services: RequestServices = {
     apiKeys: Context.get(context, ApiKeys.ApiKeys),

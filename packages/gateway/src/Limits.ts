@@ -267,9 +267,19 @@ export const admit = (
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
     return (
       admitNow(res, principal, model, outcome, quota, config, scope, clock) ??
-      admitAsync(res, quota, admitRequest(principal, model, config), outcome)
+      admitWaiting(res, principal, model, outcome, quota, config)
     )
   })
+
+/** `admit` where `admitNow` could not decide: through the quota service's Effect path. */
+export const admitWaiting = (
+  res: ServerResponse,
+  principal: Principal,
+  model: string,
+  outcome: Pick<Outcome, "started">,
+  quota: Quota.QuotaShape,
+  config: LimitsConfigShape,
+) => admitAsync(res, quota, admitRequest(principal, model, config), outcome)
 
 // The generator bodies below are declared once, not made per call (HttpServer.ts says why).
 

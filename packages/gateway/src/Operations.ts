@@ -258,8 +258,9 @@ export const gauges = (res: ServerResponse): Gauges => {
 }
 
 /**
- * The hooks of an answer: notes the node and the first token, and lets the
- * drain end the answer at its deadline.
+ * The hooks of an answer: at the first token commits `permit` (by a plain
+ * call where it was decided in memory) and notes the node and the time, and
+ * lets the drain end the answer at its deadline.
  */
 export const respondHooks = (res: ServerResponse, permit: Quota.Permit): ChatCompletions.RespondHooks => {
   // The permit is committed the moment generation starts: failures before leave no count.

@@ -174,6 +174,7 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
             return Effect.isEffect(launched) ? launched : Effect.succeed(launched)
           },
           fiber,
+          true,
         ))
 
   /** An attempt that failed before its first token: noted, freed; the next one starts if attempts remain. */
