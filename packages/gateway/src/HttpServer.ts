@@ -396,7 +396,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       if (Operations.intercept(ops, req, res, requestId, startedAt, q < 0 ? url : url.slice(0, q))) return
     }
     // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
-    // a common request's cleanups are plain calls run by `Finalizers.close` (no step to close it either).
+    // a common request's cleanups are plain calls run by `Finalizers.closeNow` (no step to close it either).
     const scope = Finalizers.makeScopeNow()
     const edge: EdgeRequest = { req, res, requestId, startedAt, services, scope }
     let decided: Route
