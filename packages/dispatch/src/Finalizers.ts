@@ -10,6 +10,10 @@
  * reverse order of its adding. Each runs even if an earlier one threw (the
  * first error is rethrown after, as a defect). One added after the scope
  * closed runs at once.
+ *
+ * A request's own scope is made and closed the same way (`makeScopeNow`,
+ * `closeNow`: no Effect step while it holds only plain cleanups), and its
+ * waits hand their cleanup to it (`asyncIn`) instead of a canceler.
  */
 import { Effect, ExecutionStrategy, type Exit, Scope } from "effect"
 
