@@ -2,16 +2,19 @@ import { describe, expect, it } from "@effect/vitest"
 import { Cause, Effect, ExecutionStrategy, Exit, Fiber, FiberId, Scope } from "effect"
 import * as Finalizers from "../src/Finalizers"
 
+/** A finalizer of the scope's own (not a plain cleanup) that records its name when it runs. */
+const recordOn = (scope: Scope.Scope, ran: Array<string>, name: string) =>
+  Scope.addFinalizer(
+    scope,
+    Effect.sync(() => ran.push(name)),
+  )
+
 describe("Finalizers", () => {
   it.effect("plain cleanups and the scope's own finalizers run in the reverse order of their adding", () =>
     Effect.gen(function* () {
       const scope = yield* Scope.make()
       const ran: Array<string> = []
-      const own = (name: string) =>
-        Scope.addFinalizer(
-          scope,
-          Effect.sync(() => ran.push(name)),
-        )
+      const own = (name: string) => recordOn(scope, ran, name)
       const plain = (name: string) => Finalizers.add(scope, () => ran.push(name))
       yield* own("own 1")
       yield* plain("plain 1")
@@ -19,10 +22,7 @@ describe("Finalizers", () => {
       yield* own("own 2")
       yield* plain("plain 3")
       const child = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-      yield* Scope.addFinalizer(
-        child,
-        Effect.sync(() => ran.push("child")),
-      )
+      yield* recordOn(child, ran, "child")
       yield* plain("plain 4")
       yield* Scope.close(scope, Exit.void)
       expect(ran).toEqual(["plain 4", "child", "plain 3", "own 2", "plain 2", "plain 1", "own 1"])
@@ -75,10 +75,7 @@ describe("Finalizers", () => {
         const scope = yield* Scope.make()
         const ran: Array<string> = []
         Finalizers.addNow(scope, () => ran.push("a"))
-        yield* Scope.addFinalizer(
-          scope,
-          Effect.sync(() => ran.push("own")),
-        )
+        yield* recordOn(scope, ran, "own")
         Finalizers.addNow(scope, () => ran.push("b"))
         Finalizers.addNow(scope, () => ran.push("c"))
         expect(ran).toEqual([])
@@ -124,15 +121,9 @@ describe("Finalizers", () => {
       Effect.gen(function* () {
         const scope = Finalizers.makeScopeNow()
         const ran: Array<string> = []
-        yield* Scope.addFinalizer(
-          scope,
-          Effect.sync(() => ran.push("own")),
-        )
+        yield* recordOn(scope, ran, "own")
         const child = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-        yield* Scope.addFinalizer(
-          child,
-          Effect.sync(() => ran.push("child")),
-        )
+        yield* recordOn(child, ran, "child")
         const forked = yield* Effect.forkIn(Effect.never, scope)
         Finalizers.addNow(scope, () => ran.push("plain"))
         yield* Scope.close(scope, Exit.void)
@@ -140,10 +131,7 @@ describe("Finalizers", () => {
         const exit = yield* Fiber.await(forked)
         expect(Exit.isInterrupted(exit)).toBe(true)
         // Closed: a later finalizer runs at once.
-        yield* Scope.addFinalizer(
-          scope,
-          Effect.sync(() => ran.push("after")),
-        )
+        yield* recordOn(scope, ran, "after")
         expect(ran.at(-1)).toBe("after")
       }),
   )
@@ -171,16 +159,13 @@ describe("Finalizers", () => {
   )
 
   it.effect(
-    "close falls back to Scope.close when the scope holds a finalizer of its own, keeping the order",
+    "closeNow falls back to Scope.close when the scope holds a finalizer of its own, keeping the order",
     () =>
       Effect.gen(function* () {
         const scope = Finalizers.makeScopeNow()
         const ran: Array<string> = []
         Finalizers.addNow(scope, () => ran.push("plain 1"))
-        yield* Scope.addFinalizer(
-          scope,
-          Effect.sync(() => ran.push("own")),
-        )
+        yield* recordOn(scope, ran, "own")
         Finalizers.addNow(scope, () => ran.push("plain 2"))
         const closing = Finalizers.closeNow(scope, Exit.void)
         expect(ran).toEqual([])

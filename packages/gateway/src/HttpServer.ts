@@ -204,7 +204,8 @@ const admitAndHold = (
     const onSettled = (settlement: BillingService.Settlement, entry: Ledger.UsageEntry | undefined) =>
       Operations.noteSettled(res, settlement, entry)
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    const admitted = Limits.admitNow(res, principal, model, outcome, quota, services.limits, scope, clock)
+    const admission = Limits.admitRequest(principal, model, services.limits)
+    const admitted = Limits.admitNow(res, quota, admission, outcome, scope, clock)
     if (admitted !== undefined) {
       if (Either.isLeft(admitted)) {
         gauges.refused()
@@ -220,18 +221,17 @@ const admitAndHold = (
         hold,
       }))
     }
-    const admission = Effect.tapError(
-      Limits.admitWaiting(res, principal, model, outcome, quota, services.limits),
-      () => Effect.sync(gauges.refused),
+    const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome), () =>
+      Effect.sync(gauges.refused),
     )
     const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
     if (!quota.remote || billing.reserveNow !== undefined) {
-      return Effect.flatMap(admission, (permit) => {
+      return Effect.flatMap(admitting, (permit) => {
         gauges.admitted()
         return Effect.map(holding, (hold) => ({ permit, hold }))
       })
     }
-    return Effect.gen(() => admitAndHoldApartBody(scope, admission, holding, gauges.admitted))
+    return Effect.gen(() => admitAndHoldApartBody(scope, admitting, holding, gauges.admitted))
   })
 
 // Declared once, not made per call (the rule at the top of this module).

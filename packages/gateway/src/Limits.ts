@@ -197,7 +197,8 @@ const dropRateHeadersUnlessCounted = (res: ServerResponse, committed: boolean) =
 
 // --- the request path -------------------------------------------------------------------
 
-const admitRequest = (
+/** What the quota service admits: the account's limits on `model`. */
+export const admitRequest = (
   principal: Principal,
   model: string,
   config: LimitsConfigShape,
@@ -215,15 +216,13 @@ const admitRequest = (
  */
 export const admitNow = (
   res: ServerResponse,
-  principal: Principal,
-  model: string,
-  outcome: Pick<Outcome, "started">,
   quota: Quota.QuotaShape,
-  config: LimitsConfigShape,
+  request: Quota.AdmitRequest,
+  outcome: Pick<Outcome, "started">,
   scope: Scope.Scope,
   clock: Clock.Clock,
 ): Either.Either<Quota.Permit, Quota.Refusal | AdmissionUnavailable> | undefined => {
-  const now = quota.admitNow(admitRequest(principal, model, config), clock)
+  const now = quota.admitNow(request, clock)
   if (now._tag === "Refused") {
     setRateHeaders(res, now.rates)
     return Either.left(now.error)
@@ -265,21 +264,9 @@ export const admit = (
     const quota = Context.unsafeGet(context, Quota.Quota)
     const scope = Context.unsafeGet(context, Scope.Scope)
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    return (
-      admitNow(res, principal, model, outcome, quota, config, scope, clock) ??
-      admitWaiting(res, principal, model, outcome, quota, config)
-    )
+    const request = admitRequest(principal, model, config)
+    return admitNow(res, quota, request, outcome, scope, clock) ?? admitWaiting(res, quota, request, outcome)
   })
-
-/** `admit` where `admitNow` could not decide: through the quota service's Effect path. */
-export const admitWaiting = (
-  res: ServerResponse,
-  principal: Principal,
-  model: string,
-  outcome: Pick<Outcome, "started">,
-  quota: Quota.QuotaShape,
-  config: LimitsConfigShape,
-) => admitAsync(res, quota, admitRequest(principal, model, config), outcome)
 
 // The generator bodies below are declared once, not made per call (HttpServer.ts says why).
 
@@ -289,7 +276,7 @@ function* countedBody(permit: Quota.Permit, outcome: Pick<Outcome, "started">, r
   dropRateHeadersUnlessCounted(res, yield* permit.isCommitted)
 }
 
-function* admitAsyncBody(
+function* admitWaitingBody(
   res: ServerResponse,
   quota: Quota.QuotaShape,
   request: Quota.AdmitRequest,
@@ -309,13 +296,16 @@ function* admitAsyncBody(
   return permit
 }
 
-/** Admission through the quota service's Effect path: a queue wait, or a remote store (Redis). */
-const admitAsync = (
+/**
+ * `admit` where `admitNow` could not decide: through the quota service's
+ * Effect path (a queue wait, or a remote store: Redis).
+ */
+export const admitWaiting = (
   res: ServerResponse,
   quota: Quota.QuotaShape,
   request: Quota.AdmitRequest,
   outcome: Pick<Outcome, "started">,
-) => Effect.gen(() => admitAsyncBody(res, quota, request, outcome))
+) => Effect.gen(() => admitWaitingBody(res, quota, request, outcome))
 
 // --- the admin view -----------------------------------------------------------------------
 
