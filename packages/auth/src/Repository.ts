@@ -220,8 +220,12 @@ export const make = Effect.gen(function* () {
         const now = yield* Clock.currentTimeMillis
         yield* sql.withTransaction(
           Effect.gen(function* () {
-            yield* getAccount(id)
-            yield* sql`UPDATE accounts SET balance_micros = balance_micros + ${amountMicros}, updated_at = ${now} WHERE id = ${id}`
+            // Written before anything is read: a SQLite transaction that reads first fails (SQLITE_BUSY_SNAPSHOT)
+            // when the ledger's writer thread commits in between (SqliteWriter.ts).
+            const updated = yield* sql<{
+              id: string
+            }>`UPDATE accounts SET balance_micros = balance_micros + ${amountMicros}, updated_at = ${now} WHERE id = ${id} RETURNING id`
+            if (updated.length === 0) return yield* Effect.fail(new NotFound({ entity: "account", id }))
             yield* sql`INSERT INTO balance_movements ${sql.insert({
               id: newId("mov"),
               account_id: id,

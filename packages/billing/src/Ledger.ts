@@ -7,7 +7,7 @@
  * can never be written twice.
  */
 import { SqlClient, type SqlError } from "@effect/sql"
-import { Database } from "@swarmgate/store"
+import { Database, SqliteWriter } from "@swarmgate/store"
 import { Effect } from "effect"
 
 const toNumber = Database.toNumber
@@ -105,6 +105,21 @@ const totalsByAccount = (entries: ReadonlyArray<UsageEntry>) => {
 
 /** Appends a batch in one transaction (group commit). Fails as a whole, e.g. on a request id already present. */
 export const writeBatch = (
+  entries: ReadonlyArray<UsageEntry>,
+): Effect.Effect<void, SqlError.SqlError, SqlClient.SqlClient> =>
+  Effect.flatMap(SqliteWriter.SqliteWriter, (writer) => {
+    if (writer === undefined) return writeBatchHere(entries)
+    // A SQLite file: the same statements on the writer thread, off the event loop.
+    const rows = batchJson(entries)
+    return writer.transaction([
+      { sql: USAGE_FROM_JSON, params: [rows] },
+      { sql: CHARGES_FROM_JSON, params: [rows] },
+      { sql: BALANCES_FROM_JSON, params: [rows, rows] },
+    ])
+  })
+
+/** `writeBatch` on the `SqlClient`'s own connection. */
+const writeBatchHere = (
   entries: ReadonlyArray<UsageEntry>,
 ): Effect.Effect<void, SqlError.SqlError, SqlClient.SqlClient> =>
   Effect.flatMap(SqlClient.SqlClient, (sql) =>

@@ -628,6 +628,8 @@ const suite = (
   })
 
 suite("Billing on SQLite", Database.layer("sqlite::memory:"))
+// A file: the ledger's batches are written by its writer thread (SqliteWriter).
+suite("Billing on a SQLite file", TestDatabase.layerSqliteFile("swarmgate_billing_file"))
 
 TestDatabase.describePg(describe, "Billing on PostgreSQL", () => {
   suite("a fresh database", TestDatabase.layerPg("swarmgate_billing"))

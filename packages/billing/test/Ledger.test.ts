@@ -103,6 +103,8 @@ const suite = (name: string, database: Layer.Layer<SqlClient.SqlClient, unknown>
   })
 
 suite("Ledger on SQLite", Database.layer("sqlite::memory:"))
+// A file: the ledger's batches are written by its writer thread (SqliteWriter).
+suite("Ledger on a SQLite file", TestDatabase.layerSqliteFile("swarmgate_ledger_file"))
 
 TestDatabase.describePg(describe, "Ledger on PostgreSQL", () => {
   suite("a fresh database", TestDatabase.layerPg("swarmgate_ledger"))

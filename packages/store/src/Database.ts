@@ -10,6 +10,7 @@ import { PgClient, PgMigrator } from "@effect/sql-pg"
 import { SqliteClient, SqliteMigrator } from "@effect/sql-sqlite-node"
 import { Config, Context, Data, Effect, Layer, Redacted } from "effect"
 import { migrations } from "./Migrations"
+import * as SqliteWriter from "./SqliteWriter"
 
 export const DEFAULT_DATABASE_URL = "sqlite:./data/swarmgate.db"
 
@@ -40,6 +41,9 @@ export const parseDatabaseUrl = (url: string): Effect.Effect<DatabaseTarget, Inv
   )
 }
 
+/** No writer thread: writes go through the `SqlClient`. */
+const noWriter = Layer.succeed(SqliteWriter.SqliteWriter, undefined)
+
 const sqlite = (filename: string) => {
   if (filename !== ":memory:") mkdirSync(dirname(filename), { recursive: true })
   // WAL with synchronous=NORMAL: a commit survives a crash of the process (the ledger's batches are
@@ -48,10 +52,12 @@ const sqlite = (filename: string) => {
   const client = Layer.tap(SqliteClient.layer({ filename }), (context) =>
     Effect.asVoid(Context.get(context, SqlClient.SqlClient)`PRAGMA synchronous = NORMAL`),
   )
-  return SqliteMigrator.layer({ loader: migrations }).pipe(
+  const migrated = SqliteMigrator.layer({ loader: migrations }).pipe(
     Layer.provide(NodeContext.layer),
     Layer.provideMerge(client),
   )
+  // The ledger's batches go to a writer thread; an in-memory database has only its own connection.
+  return Layer.merge(migrated, filename === ":memory:" ? noWriter : SqliteWriter.layer(filename))
 }
 
 /**
@@ -77,21 +83,24 @@ const postgres = (url: string) => {
   const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 10 })
   return Layer.effectDiscard(
     Effect.zipRight(ensurePgMigrationsTable, PgMigrator.run({ loader: migrations })),
-  ).pipe(Layer.provide(NodeContext.layer), Layer.provideMerge(client))
+  ).pipe(Layer.provide(NodeContext.layer), Layer.provideMerge(client), Layer.merge(noWriter))
 }
 
-/** A migrated `SqlClient` for the given URL. */
-export const layer = (url: string): Layer.Layer<SqlClient.SqlClient, unknown> =>
+/** What `layer` provides: the SQL client, and for a SQLite file its writer thread. */
+export type Services = SqlClient.SqlClient | SqliteWriter.SqliteWriter
+
+/** A migrated `SqlClient` for the given URL (with a `SqliteWriter` for a SQLite file). */
+export const layer = (url: string): Layer.Layer<Services, unknown> =>
   Layer.unwrapEffect(
     Effect.map(
       parseDatabaseUrl(url),
-      (target): Layer.Layer<SqlClient.SqlClient, unknown> =>
+      (target): Layer.Layer<Services, unknown> =>
         target._tag === "Sqlite" ? sqlite(target.filename) : postgres(target.url),
     ),
   )
 
 /** `DATABASE_URL`, defaulting to the embedded SQLite file. */
-export const layerConfig: Layer.Layer<SqlClient.SqlClient, unknown> = Layer.unwrapEffect(
+export const layerConfig: Layer.Layer<Services, unknown> = Layer.unwrapEffect(
   Effect.map(Config.string("DATABASE_URL").pipe(Config.withDefault(DEFAULT_DATABASE_URL)), layer),
 )
 

@@ -1,4 +1,5 @@
 export * as Database from "./Database"
 export { migrations } from "./Migrations"
 export * as Redis from "./Redis"
+export * as SqliteWriter from "./SqliteWriter"
 export * as TestDatabase from "./testing/TestDatabase"

@@ -147,5 +147,5 @@ export const withTemporarySqliteFile = (prefix: string): Effect.Effect<string, n
   )
 
 /** A migrated `SqlClient` on a temporary SQLite file, removed with the layer. */
-export const layerSqliteFile = (prefix: string): Layer.Layer<SqlClient.SqlClient, unknown> =>
+export const layerSqliteFile = (prefix: string): Layer.Layer<Database.Services, unknown> =>
   Layer.unwrapScoped(Effect.map(withTemporarySqliteFile(prefix), Database.layer))

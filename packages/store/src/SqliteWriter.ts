@@ -1,0 +1,136 @@
+/**
+ * A second connection to a SQLite file, on a worker thread, for the writes
+ * that must not stall the event loop: the ledger's group commits. better-sqlite3
+ * is synchronous, so on the main connection each batch (three statements over
+ * ~100 rows, and now and then a WAL checkpoint with its fsync) held every
+ * request for 1–2 ms: the gateway's p99 latency at one connection.
+ *
+ * Each transaction is `BEGIN IMMEDIATE` … `COMMIT` on the thread: all of its
+ * statements or none. Both connections wait for each other's write lock
+ * (better-sqlite3's 5 s busy timeout); a reader never waits (WAL). A
+ * transaction on the main connection that reads before it writes can fail
+ * with SQLITE_BUSY_SNAPSHOT when this thread committed in between, so such
+ * transactions write first (Repository.addCredit).
+ *
+ * Only for files: an in-memory database is private to its connection, so it
+ * has no writer (`SqliteWriter` is then `undefined`, and callers write on
+ * the main connection). The thread starts at the first transaction and stops
+ * with the layer's scope.
+ */
+import { createRequire } from "node:module"
+import { Worker } from "node:worker_threads"
+import { SqlError } from "@effect/sql/SqlError"
+import { Context, Effect, Layer, type Scope } from "effect"
+
+export interface Statement {
+  readonly sql: string
+  readonly params: ReadonlyArray<unknown>
+}
+
+export interface SqliteWriterShape {
+  /** Runs the statements in one immediate transaction on the writer thread. */
+  readonly transaction: (statements: ReadonlyArray<Statement>) => Effect.Effect<void, SqlError>
+}
+
+/** The writer of the database in context; `undefined` (the default) when there is none. */
+export class SqliteWriter extends Context.Reference<SqliteWriter>()("@swarmgate/store/SqliteWriter", {
+  defaultValue: (): SqliteWriterShape | undefined => undefined,
+}) {}
+
+/**
+ * The thread's program (CommonJS, run with `eval`, so that it needs no file of
+ * its own beside the bundle): statements prepared once per text, one
+ * transaction per message, the answer posted with the message's id.
+ */
+const THREAD = `
+const { parentPort, workerData } = require("node:worker_threads")
+const Sqlite = require(workerData.driver)
+const db = new Sqlite(workerData.filename)
+db.pragma("synchronous = NORMAL")
+const prepared = new Map()
+const prepare = (sql) => {
+  let statement = prepared.get(sql)
+  if (statement === undefined) {
+    statement = db.prepare(sql)
+    prepared.set(sql, statement)
+  }
+  return statement
+}
+const run = db.transaction((statements) => {
+  for (const { sql, params } of statements) prepare(sql).run(...params)
+})
+parentPort.on("message", ({ id, statements }) => {
+  try {
+    run.immediate(statements)
+    parentPort.postMessage({ id })
+  } catch (error) {
+    parentPort.postMessage({ id, error: { message: String(error && error.message), code: error && error.code } })
+  }
+})
+`
+
+interface Answer {
+  readonly id: number
+  readonly error?: { readonly message: string; readonly code: unknown } | undefined
+}
+
+const failure = (cause: unknown) => new SqlError({ cause, message: "Failed to execute statement" })
+
+/** A writer for the SQLite file `filename`; its thread stops when the scope closes. */
+export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const driver = createRequire(import.meta.url).resolve("better-sqlite3")
+    const waiting = new Map<number, (result: Effect.Effect<void, SqlError>) => void>()
+    let nextId = 0
+    let thread: Worker | undefined
+    let closed = false
+
+    /** Every waiting transaction fails with `cause`; the next one starts a new thread. */
+    const lost = (worker: Worker, cause: unknown) => {
+      if (thread !== worker) return
+      thread = undefined
+      const answers = [...waiting.values()]
+      waiting.clear()
+      for (const resume of answers) resume(Effect.fail(failure(cause)))
+    }
+
+    const start = (): Worker => {
+      const worker = new Worker(THREAD, { eval: true, workerData: { filename, driver } })
+      worker.on("message", (answer: Answer) => {
+        const resume = waiting.get(answer.id)
+        if (resume === undefined) return
+        waiting.delete(answer.id)
+        // Idle, the thread must not keep the process alive.
+        if (waiting.size === 0) worker.unref()
+        resume(answer.error === undefined ? Effect.void : Effect.fail(failure(answer.error)))
+      })
+      worker.on("error", (error) => lost(worker, error))
+      worker.on("exit", (code) => lost(worker, new Error(`the SQLite writer thread exited (${code})`)))
+      worker.unref()
+      return worker
+    }
+
+    yield* Effect.addFinalizer(() =>
+      Effect.promise(async () => {
+        closed = true
+        // Its exit fails whatever still waits (`lost`).
+        if (thread !== undefined) await thread.terminate()
+      }),
+    )
+
+    const transaction = (statements: ReadonlyArray<Statement>): Effect.Effect<void, SqlError> =>
+      Effect.async<void, SqlError>((resume) => {
+        if (closed) return resume(Effect.fail(failure(new Error("the SQLite writer is closed"))))
+        thread ??= start()
+        const id = nextId++
+        if (waiting.size === 0) thread.ref()
+        waiting.set(id, resume)
+        thread.postMessage({ id, statements })
+      })
+
+    return { transaction }
+  })
+
+/** `SqliteWriter` for the SQLite file `filename`. */
+export const layer = (filename: string): Layer.Layer<SqliteWriter> =>
+  Layer.scoped(SqliteWriter, make(filename))

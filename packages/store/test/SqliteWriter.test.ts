@@ -1,0 +1,107 @@
+import { SqlClient } from "@effect/sql"
+import { describe, expect, it, layer } from "@effect/vitest"
+import { Effect, Exit, Layer } from "effect"
+import { Database, SqliteWriter, TestDatabase } from "../src/index"
+
+const writer = Effect.flatMap(SqliteWriter.SqliteWriter, (w) =>
+  w === undefined ? Effect.dieMessage("no SqliteWriter in context") : Effect.succeed(w),
+)
+
+const setUp = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) => sql`CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, n INTEGER NOT NULL)`,
+)
+
+const notes = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.map(sql<{ id: string; n: number }>`SELECT id, n FROM notes ORDER BY id`, (rows) =>
+    rows.map((r) => `${r.id}=${r.n}`),
+  ),
+)
+
+const insert = (id: string, n: number): SqliteWriter.Statement => ({
+  sql: "INSERT INTO notes (id, n) VALUES (?, ?)",
+  params: [id, n],
+})
+
+describe("SqliteWriter", () => {
+  layer(TestDatabase.layerSqliteFile("swarmgate_sqlite_writer"))((it) => {
+    it.effect("commits a transaction's statements, seen at once by the main connection", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        yield* w.transaction([insert("a", 1), insert("b", 2)])
+        expect(yield* notes).toEqual(["a=1", "b=2"])
+      }),
+    )
+
+    it.effect("a failing statement rolls the whole transaction back", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        yield* w.transaction([insert("c", 1)])
+        // "d" is written before the duplicate "c" fails: neither may stay.
+        const exit = yield* Effect.exit(w.transaction([insert("d", 1), insert("c", 2)]))
+        expect(Exit.isFailure(exit)).toBe(true)
+        if (Exit.isFailure(exit)) expect(String(exit.cause)).toContain("SqlError")
+        const rows = yield* notes
+        expect(rows).toContain("c=1")
+        expect(rows).not.toContain("d=1")
+        expect(rows).not.toContain("c=2")
+      }),
+    )
+
+    it.effect("the thread's writes and the main connection's writes interleave without a failure", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const sql = yield* SqlClient.SqlClient
+        const w = yield* writer
+        const onThread = Effect.forEach(
+          Array.from({ length: 50 }, (_, i) => i),
+          (i) => w.transaction([insert(`t${String(i).padStart(3, "0")}`, i), insert(`u${i}`, i)]),
+          { concurrency: "unbounded" },
+        )
+        const onMain = Effect.forEach(
+          Array.from({ length: 50 }, (_, i) => i),
+          (i) =>
+            sql.withTransaction(
+              Effect.zipRight(
+                sql`INSERT INTO notes (id, n) VALUES (${`m${i}`}, ${i})`,
+                sql`UPDATE notes SET n = n + 1 WHERE id = ${`m${i}`}`,
+              ),
+            ),
+          { concurrency: 1 },
+        )
+        yield* Effect.all([onThread, onMain], { concurrency: "unbounded" })
+        const rows = yield* notes
+        expect(rows.filter((r) => r.startsWith("t"))).toHaveLength(50)
+        expect(rows.filter((r) => r.startsWith("u"))).toHaveLength(50)
+        expect(rows.filter((r) => r.startsWith("m"))).toHaveLength(50)
+        expect(rows).toContain("m7=8")
+      }),
+    )
+  })
+
+  it.effect("an in-memory database and PostgreSQL have no writer thread", () =>
+    Effect.gen(function* () {
+      const w = yield* SqliteWriter.SqliteWriter
+      expect(w).toBeUndefined()
+    }).pipe(Effect.provide(Database.layer("sqlite::memory:"))),
+  )
+
+  it.effect("a transaction after the scope closed fails (the thread was stopped)", () =>
+    Effect.gen(function* () {
+      const url = yield* TestDatabase.withTemporarySqliteFile("swarmgate_sqlite_writer_closed")
+      const w = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const context = yield* Layer.build(Database.layer(url))
+          const w = yield* Effect.provide(writer, context)
+          yield* Effect.provide(setUp, context)
+          yield* w.transaction([insert("x", 1)])
+          return w
+        }),
+      )
+      const exit = yield* Effect.exit(w.transaction([insert("y", 1)]))
+      expect(Exit.isFailure(exit)).toBe(true)
+    }).pipe(Effect.scoped),
+  )
+})
