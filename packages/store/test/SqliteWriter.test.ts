@@ -20,7 +20,7 @@ const notes = Effect.flatMap(SqlClient.SqlClient, (sql) =>
 
 const insert = (id: string, n: number): SqliteWriter.Statement => ({
   sql: "INSERT INTO notes (id, n) VALUES (?, ?)",
-  params: [id, n],
+  runs: [[id, n]],
 })
 
 describe("SqliteWriter", () => {
