@@ -3,7 +3,8 @@
  * that must not stall the event loop: the ledger's group commits. better-sqlite3
  * is synchronous, so on the main connection each batch (three statements over
  * ~100 rows, and now and then a WAL checkpoint with its fsync) held every
- * request for 1–2 ms: the gateway's p99 latency at one connection.
+ * request for 1–2 ms, 20 times a second: about what the gateway's p99 latency
+ * at one connection exceeded its goal by.
  *
  * Each transaction is `BEGIN IMMEDIATE` … `COMMIT` on the thread: all of its
  * statements or none. Both connections wait for each other's write lock
@@ -81,10 +82,10 @@ interface Answer {
 }
 
 /**
- * The writer thread's niceness. At the same priority, each message woke the thread
- * straight onto a core the event loop shares (one core in the bench, `taskset`), and
- * the commit ran ahead of the requests: the event loop stalled as before. At 10 the
- * thread gets ~10 % of a busy core (a commit needs less), and all of an idle one.
+ * The writer thread's niceness: where it and the event loop want the same core (one
+ * core, as in the bench's `taskset`), the scheduler gives the event loop the larger
+ * share (~90 % against nice 10); a spare core is the thread's own. Not 19: beside a
+ * saturated event loop it would get ~1.5 % of the core, less than the ledger needs.
  */
 const WRITER_NICE = 10
 
