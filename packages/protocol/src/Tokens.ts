@@ -13,6 +13,7 @@
  *   in slices of `MAX_PIECE`. Every other piece, so all ordinary text, is
  *   counted exactly.
  */
+import { hash } from "node:crypto"
 import { countTokens, decode, encode, isWithinTokenLimit } from "gpt-tokenizer"
 import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
 
@@ -173,6 +174,31 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
   return total
 }
 
+/**
+ * Exact counts of prompt messages, by a SHA-256 of their text: a conversation
+ * sends its whole history again with each turn, and many requests share one
+ * system prompt, so most of a long prompt was counted before. Hashing costs a
+ * few percent of counting (4,000 characters: ~5 µs against ~400 µs on the
+ * team's VM), and the prompts themselves are not kept. Bounded: emptied when full.
+ */
+const MESSAGE_CACHE_MAX = 16_384
+const messageCounts = new Map<string, number>()
+
+/** `count` of a prompt message's text, remembered when exact. */
+const messageCount = (text: string, limit: number): number => {
+  if (text.length <= SHORT_TEXT) return count(text, limit)
+  const key = hash("sha256", text, "base64")
+  const known = messageCounts.get(key)
+  // Exact, so also right when above `limit` ("some number above it").
+  if (known !== undefined) return known
+  const n = count(text, limit)
+  if (n <= limit) {
+    if (messageCounts.size >= MESSAGE_CACHE_MAX) messageCounts.clear()
+    messageCounts.set(key, n)
+  }
+  return n
+}
+
 /** The prompt's tokens: exact while at most `limit`, otherwise some number above it. */
 export const promptTokens = (
   messages: ReadonlyArray<CountableMessage>,
@@ -180,7 +206,7 @@ export const promptTokens = (
 ): number => {
   let total = REPLY_PRIMER
   for (const m of messages) {
-    total += PER_MESSAGE + count(m.content, limit - total) + m.imageTokens
+    total += PER_MESSAGE + messageCount(m.content, limit - total) + m.imageTokens
     if (m.name !== undefined) total += 1 + count(m.name, limit - total)
     if (total > limit) return total
   }

@@ -147,6 +147,28 @@ describe("Tokens", () => {
     )
   })
 
+  it("prompt counts remembered per message equal the counts, whatever the limit and the order of calls", () => {
+    const message = fc.record({
+      content: hostile,
+      name: fc.option(fc.constantFrom("alice", "tool_1"), { nil: undefined }),
+      imageTokens: fc.constantFrom(0, Tokens.IMAGE_TOKENS_LOW),
+    })
+    fc.assert(
+      fc.property(fc.array(message, { maxLength: 4 }), fc.nat({ max: 3_000 }), (messages, limit) => {
+        let exact = 3
+        for (const m of messages)
+          exact += 3 + Tokens.count(m.content) + m.imageTokens + (m.name === undefined ? 0 : 1 + Tokens.count(m.name))
+        // Limited first (a miss that may stop early and so is not remembered), then whole, then limited again.
+        for (const within of [limit, Number.POSITIVE_INFINITY, limit]) {
+          const counted = Tokens.promptTokens(messages, within)
+          if (exact <= within) expect(counted).toBe(exact)
+          else expect(counted).toBeGreaterThan(within)
+        }
+      }),
+      { numRuns: 300 },
+    )
+  })
+
   it("costs linear time on runs that make the tokenizer's merge quadratic", () => {
     let cjk = ""
     for (let i = 0; i < 300_000; i++) cjk += String.fromCharCode(0x4e00 + ((i * 7919) % 20_000))
