@@ -157,7 +157,11 @@ describe("Tokens", () => {
       fc.property(fc.array(message, { maxLength: 4 }), fc.nat({ max: 3_000 }), (messages, limit) => {
         let exact = 3
         for (const m of messages)
-          exact += 3 + Tokens.count(m.content) + m.imageTokens + (m.name === undefined ? 0 : 1 + Tokens.count(m.name))
+          exact +=
+            3 +
+            Tokens.count(m.content) +
+            m.imageTokens +
+            (m.name === undefined ? 0 : 1 + Tokens.count(m.name))
         // Limited first (a miss that may stop early and so is not remembered), then whole, then limited again.
         for (const within of [limit, Number.POSITIVE_INFINITY, limit]) {
           const counted = Tokens.promptTokens(messages, within)
