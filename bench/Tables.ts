@@ -124,7 +124,7 @@ export const latencyTable = (rows: ReadonlyArray<Row>) =>
       const proxy = find(rows, r.mode, "bare proxy")
       const added = (value: number, base: number | undefined) =>
         base === undefined || r.target === "direct" ? "–" : fmt(value - base)
-      const stream = r.mode !== "json"
+      const stream = r.mode.startsWith("sse")
       return [
         r.mode,
         r.target,
