@@ -139,6 +139,7 @@ function* chatCompletionBody(edge: EdgeRequest) {
     json as Record<string, unknown>,
     (id) => presetView(dispatcher, id),
     config.maxImageBytes,
+    principal.account.id,
   )
   Operations.noteRequest(res, request)
   // In the request's scope (made by the listener): it closes when the request's fiber ends.

@@ -121,6 +121,7 @@ function* normalizeBody(
   body: Record<string, unknown>,
   presets: (id: string) => PresetView | undefined,
   maxImageBytes: number,
+  countScope: string,
 ) {
   if (request.store === true) {
     return yield* new ZdrStorageNotSupported({
@@ -228,7 +229,7 @@ function* normalizeBody(
   }
 
   // Counting stops past the context: a huge prompt costs no more than one that fits.
-  const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1)
+  const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1, countScope)
   if (promptTokens >= preset.maxContextTokens) {
     return yield* invalid(
       "messages",
@@ -266,10 +267,12 @@ function* normalizeBody(
   }
 }
 
+/** `countScope`: whose remembered prompt counts may be used (`Tokens.promptTokens`): the account. */
 export const normalize = (
   request: ChatCompletionRequest,
   body: Record<string, unknown>,
   presets: (id: string) => PresetView | undefined,
   maxImageBytes: number,
+  countScope = "",
 ): Effect.Effect<NormalizedRequest, PolicyError> =>
-  Effect.gen(() => normalizeBody(request, body, presets, maxImageBytes))
+  Effect.gen(() => normalizeBody(request, body, presets, maxImageBytes, countScope))

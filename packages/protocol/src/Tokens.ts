@@ -13,7 +13,7 @@
  *   in slices of `MAX_PIECE`. Every other piece, so all ordinary text, is
  *   counted exactly.
  */
-import { hash } from "node:crypto"
+import { createHash } from "node:crypto"
 import { countTokens, decode, encode, isWithinTokenLimit } from "gpt-tokenizer"
 import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
 
@@ -178,16 +178,25 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
  * Exact counts of prompt messages, by a SHA-256 of their text: a conversation
  * sends its whole history again with each turn, and many requests share one
  * system prompt, so most of a long prompt was counted before. Hashing costs a
- * few percent of counting (4,000 characters: ~5 µs against ~400 µs on the
- * team's VM), and the prompts themselves are not kept. Bounded: emptied when full.
+ * few percent of counting (4,000 characters: ~5 µs against ~200–400 µs on the
+ * team's VM), and the prompts themselves are not kept. The text is hashed as
+ * UTF-16 (UTF-8 would make every lone surrogate U+FFFD, and two texts that
+ * count differently one key), after the caller's scope (the account: a hit is
+ * faster, and must not tell one account what another sent). Texts longer than
+ * `STRETCH` are not remembered: hashing them would cost what the limit saves.
+ * Bounded: emptied when full.
  */
 const MESSAGE_CACHE_MAX = 16_384
 const messageCounts = new Map<string, number>()
 
 /** `count` of a prompt message's text, remembered when exact. */
-const messageCount = (text: string, limit: number): number => {
-  if (text.length <= SHORT_TEXT) return count(text, limit)
-  const key = hash("sha256", text, "base64")
+const messageCount = (text: string, limit: number, scope: string): number => {
+  if (text.length <= SHORT_TEXT || text.length > STRETCH) return count(text, limit)
+  const key = createHash("sha256")
+    .update(scope, "utf16le")
+    .update("\u0000", "utf16le")
+    .update(text, "utf16le")
+    .digest("base64")
   const known = messageCounts.get(key)
   // Exact, so also right when above `limit` ("some number above it").
   if (known !== undefined) return known
@@ -199,14 +208,18 @@ const messageCount = (text: string, limit: number): number => {
   return n
 }
 
-/** The prompt's tokens: exact while at most `limit`, otherwise some number above it. */
+/**
+ * The prompt's tokens: exact while at most `limit`, otherwise some number above
+ * it. Message counts are remembered per `scope` (the gateway's: the account).
+ */
 export const promptTokens = (
   messages: ReadonlyArray<CountableMessage>,
   limit = Number.POSITIVE_INFINITY,
+  scope = "",
 ): number => {
   let total = REPLY_PRIMER
   for (const m of messages) {
-    total += PER_MESSAGE + messageCount(m.content, limit - total) + m.imageTokens
+    total += PER_MESSAGE + messageCount(m.content, limit - total, scope) + m.imageTokens
     if (m.name !== undefined) total += 1 + count(m.name, limit - total)
     if (total > limit) return total
   }

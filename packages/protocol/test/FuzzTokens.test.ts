@@ -147,7 +147,7 @@ describe("Tokens", () => {
     )
   })
 
-  it("prompt counts remembered per message equal the counts, whatever the limit and the order of calls", () => {
+  it("prompt counts remembered per message equal the counts, whatever the limit (limited first, then whole)", () => {
     const message = fc.record({
       content: hostile,
       name: fc.option(fc.constantFrom("alice", "tool_1"), { nil: undefined }),
@@ -170,6 +170,28 @@ describe("Tokens", () => {
         }
       }),
       { numRuns: 300 },
+    )
+  })
+
+  it("texts that UTF-8 would make one (lone surrogates) keep their own remembered counts", () => {
+    const replaced = "\ufffd".repeat(300)
+    const lone = "\ud800".repeat(300)
+    expect(Tokens.count(replaced)).not.toBe(Tokens.count(lone))
+    for (const text of [replaced, lone, replaced, lone])
+      expect(Tokens.promptTokens([{ content: text, imageTokens: 0 }])).toBe(3 + 3 + Tokens.count(text))
+  })
+
+  it("remembered counts are kept per scope, and the same in each", () => {
+    const text = "A system prompt long enough to be remembered, shared by two accounts."
+    const exact = 3 + 3 + Tokens.count(text)
+    expect(Tokens.promptTokens([{ content: text, imageTokens: 0 }], Number.POSITIVE_INFINITY, "acct_a")).toBe(
+      exact,
+    )
+    expect(Tokens.promptTokens([{ content: text, imageTokens: 0 }], Number.POSITIVE_INFINITY, "acct_b")).toBe(
+      exact,
+    )
+    expect(Tokens.promptTokens([{ content: text, imageTokens: 0 }], Number.POSITIVE_INFINITY, "acct_a")).toBe(
+      exact,
     )
   })
 
