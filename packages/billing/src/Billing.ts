@@ -9,7 +9,7 @@
  * simply available again) and the charges not yet committed (under-charge,
  * never over-charge).
  */
-import { SqlClient, type SqlError } from "@effect/sql"
+import type { SqlClient, SqlError } from "@effect/sql"
 import {
   AccountSpendLimitReached,
   BillingLimitExceeded,
@@ -222,8 +222,7 @@ export const make = (
   options: BillingOptions,
 ): Effect.Effect<BillingShape, SqlError.SqlError, SqlClient.SqlClient | Scope.Scope> =>
   Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    const withSql = Effect.provideService(SqlClient.SqlClient, sql)
+    const withSql = yield* LedgerWriter.captureSql
     const flushMillis = options.flushMillis ?? defaults.flushMillis
     const batchMax = options.batchMax ?? defaults.batchMax
     const refreshMillis = options.refreshMillis ?? defaults.refreshMillis

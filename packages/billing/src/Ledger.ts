@@ -1,10 +1,12 @@
 /**
- * The SQL ledger (SQLite or PostgreSQL, same statements): append-only usage
+ * The SQL ledger (SQLite or PostgreSQL, the same tables): append-only usage
  * records and balance movements, and the reads that rebuild the in-memory
  * book. Every charge is one usage record, one `charge` movement with the id
  * `chg_<request id>` and its share of one balance update, all in the same
  * transaction; the request id is the primary key of both rows, so a charge
- * can never be written twice.
+ * can never be written twice. A batch is written by one of three paths: a
+ * SQLite file's writer thread (row by row), an in-memory SQLite database's
+ * own connection (one JSON parameter), PostgreSQL (multi-row inserts).
  */
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Database, SqliteWriter } from "@swarmgate/store"
@@ -42,10 +44,11 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
 }
 
 /**
- * SQLite (in this process) takes a whole batch as one JSON parameter, read
- * back by `json_each`: three statements (usage rows, charges, balances)
- * whatever the batch size or the accounts in it, each prepared once, and no
- * per-row parameter lists to build. Rows of `batchJson`, by position.
+ * SQLite on the `SqlClient`'s own connection (an in-memory database, or a
+ * file whose writer thread is unavailable) takes a whole batch as one JSON
+ * parameter, read back by `json_each`: three statements whatever the batch
+ * size, each one Effect step instead of one per row. Rows of `batchJson`
+ * (`usageParams`), by position.
  */
 const USAGE_FROM_JSON = `INSERT INTO usage_records
   (request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at)
@@ -59,21 +62,7 @@ const BALANCES_FROM_JSON = `UPDATE accounts SET balance_micros = balance_micros 
     (SELECT SUM(value->>6) FROM json_each(?) WHERE value->>1 = accounts.id)
   WHERE id IN (SELECT value->>1 FROM json_each(?))`
 
-const batchJson = (entries: ReadonlyArray<UsageEntry>) =>
-  JSON.stringify(
-    entries.map((e) => [
-      e.requestId,
-      e.accountId,
-      e.keyId,
-      e.model,
-      e.promptTokens,
-      e.completionTokens,
-      e.costMicros,
-      e.outcome,
-      e.startedAt,
-      e.createdAt,
-    ]),
-  )
+const batchJson = (entries: ReadonlyArray<UsageEntry>) => JSON.stringify(entries.map(usageParams))
 
 const usageRow = (e: UsageEntry) => ({
   request_id: e.requestId,
@@ -108,14 +97,19 @@ export const writeBatch = (
   entries: ReadonlyArray<UsageEntry>,
 ): Effect.Effect<void, SqlError.SqlError, SqlClient.SqlClient> =>
   Effect.flatMap(SqliteWriter.SqliteWriter, (writer) => {
-    if (writer === undefined) return writeBatchHere(entries)
+    if (writer === undefined) return writeBatchOnConnection(entries)
     // A SQLite file: on the writer thread, off the event loop, each row a run of a prepared
     // statement (~25 % less than json_each, which parses each row's JSON again per column).
-    return writer.transaction([
-      { sql: INSERT_USAGE, runs: entries.map(usageParams) },
-      { sql: INSERT_CHARGE, runs: entries.map(chargeParams) },
-      { sql: DEBIT_BALANCE, runs: Array.from(totalsByAccount(entries), ([id, total]) => [total, id]) },
-    ])
+    return writer
+      .transaction([
+        { sql: INSERT_USAGE, runs: entries.map(usageParams) },
+        { sql: INSERT_CHARGE, runs: entries.map(chargeParams) },
+        { sql: DEBIT_BALANCE, runs: Array.from(totalsByAccount(entries), ([id, total]) => [total, id]) },
+      ])
+      .pipe(
+        // The thread never ran it: one transaction here, not the caller's row-by-row fallback.
+        Effect.catchIf(SqliteWriter.isUnavailable, () => writeBatchOnConnection(entries)),
+      )
   })
 
 const INSERT_USAGE = `INSERT INTO usage_records
@@ -147,7 +141,7 @@ const chargeParams = (e: UsageEntry): ReadonlyArray<unknown> => [
 ]
 
 /** `writeBatch` on the `SqlClient`'s own connection. */
-const writeBatchHere = (
+const writeBatchOnConnection = (
   entries: ReadonlyArray<UsageEntry>,
 ): Effect.Effect<void, SqlError.SqlError, SqlClient.SqlClient> =>
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
@@ -180,9 +174,10 @@ export const writeOne = (entry: UsageEntry): Effect.Effect<boolean, SqlError.Sql
   Effect.flatMap(SqlClient.SqlClient, (sql) =>
     sql.withTransaction(
       Effect.gen(function* () {
-        const seen = yield* sql`SELECT request_id FROM usage_records WHERE request_id = ${entry.requestId}`
-        if (seen.length > 0) return false
-        yield* sql`INSERT INTO usage_records ${sql.insert(usageRow(entry))}`
+        // Written before anything is read (a SQLite file's writer thread may commit meanwhile: SqliteWriter.ts).
+        const inserted = yield* sql`INSERT INTO usage_records ${sql.insert(usageRow(entry))}
+          ON CONFLICT (request_id) DO NOTHING RETURNING request_id`
+        if (inserted.length === 0) return false
         yield* sql`INSERT INTO balance_movements ${sql.insert(chargeRow(entry))}`
         yield* sql`UPDATE accounts SET balance_micros = balance_micros - ${entry.costMicros} WHERE id = ${entry.accountId}`
         return true

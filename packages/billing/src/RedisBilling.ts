@@ -134,8 +134,7 @@ export const make = (
   options: RedisBillingOptions,
 ): Effect.Effect<BillingShape, SqlError.SqlError, SqlClient.SqlClient | Scope.Scope> =>
   Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    const withSql = Effect.provideService(SqlClient.SqlClient, sql)
+    const withSql = yield* LedgerWriter.captureSql
     const flushMillis = options.flushMillis ?? defaults.flushMillis
     const batchMax = options.batchMax ?? defaults.batchMax
     const refreshMillis = options.refreshMillis ?? defaults.refreshMillis

@@ -1,12 +1,13 @@
 /**
  * The ledger's group commit on its own: one batch across several accounts
- * (on SQLite one JSON parameter read back by `json_each`; on PostgreSQL
- * multi-row INSERTs), and a batch that cannot be written leaves nothing.
+ * (a SQLite file's writer thread row by row; SQLite's own connection one JSON
+ * parameter read back by `json_each`, also when the thread cannot start;
+ * PostgreSQL multi-row INSERTs), and a batch that cannot be written leaves nothing.
  */
 import type { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
-import { Database, TestDatabase } from "@swarmgate/store"
-import { Effect, Either, type Layer } from "effect"
+import { Database, SqliteWriter, TestDatabase } from "@swarmgate/store"
+import { Effect, Either, Layer } from "effect"
 import * as Ledger from "../src/Ledger"
 import * as LedgerCheck from "../src/LedgerCheck"
 import { hex, ledgerOf, type Seeded, seed } from "./support/Fixtures"
@@ -105,6 +106,14 @@ const suite = (name: string, database: Layer.Layer<SqlClient.SqlClient, unknown>
 suite("Ledger on SQLite", Database.layer("sqlite::memory:"))
 // A file: the ledger's batches are written by its writer thread (SqliteWriter).
 suite("Ledger on a SQLite file", TestDatabase.layerSqliteFile("swarmgate_ledger_file"))
+// A writer thread that cannot open its file: each batch is one transaction on the main connection.
+suite(
+  "Ledger on a SQLite file whose writer thread cannot start",
+  Layer.merge(
+    TestDatabase.layerSqliteFile("swarmgate_ledger_nothread"),
+    SqliteWriter.layer("/nonexistent-swarmgate-dir/ledger.db"),
+  ),
+)
 
 TestDatabase.describePg(describe, "Ledger on PostgreSQL", () => {
   suite("a fresh database", TestDatabase.layerPg("swarmgate_ledger"))

@@ -13,15 +13,33 @@
  * with SQLITE_BUSY_SNAPSHOT when this thread committed in between, so such
  * transactions write first (Repository.addCredit).
  *
+ * The main connection waits for the thread's lock inside SQLite's busy
+ * handler, on the event loop (sleeps of 1, 2, 5, 10… ms): only admin and
+ * lifecycle writes go there, never a chat completion's.
+ *
  * Only for files: an in-memory database is private to its connection, so it
  * has no writer (`SqliteWriter` is then `undefined`, and callers write on
  * the main connection). The thread starts at the first transaction and stops
- * with the layer's scope.
+ * with the layer's scope. A thread that cannot start or dies fails what
+ * waits with `WriterUnavailable`, is logged once, and is not started again
+ * for `RESTART_MILLIS`: callers then write on the main connection. An
+ * interrupted `transaction` is not taken back: it commits or fails on its own.
  */
 import { createRequire } from "node:module"
+import { resolve } from "node:path"
 import { Worker } from "node:worker_threads"
 import { SqlError } from "@effect/sql/SqlError"
-import { Context, Effect, Layer, type Scope } from "effect"
+import { Context, Data, Effect, Layer, type Scope } from "effect"
+
+/** The cause of a transaction's `SqlError` when the thread, not a statement, failed: nothing was written. */
+export class WriterUnavailable extends Data.TaggedError("WriterUnavailable")<{ readonly reason: string }> {
+  override get message() {
+    return `the SQLite writer thread is unavailable: ${this.reason}`
+  }
+}
+
+/** Whether `error` is a transaction that the thread never ran (`WriterUnavailable`). */
+export const isUnavailable = (error: SqlError): boolean => error.cause instanceof WriterUnavailable
 
 /** A statement, run once per parameter list (prepared once: a row costs a run, not a parse). */
 export interface Statement {
@@ -41,13 +59,16 @@ export class SqliteWriter extends Context.Reference<SqliteWriter>()("@swarmgate/
 
 /**
  * The thread's program (CommonJS, run with `eval`, so that it needs no file of
- * its own beside the bundle): statements prepared once per text, one
- * transaction per message, the answer posted with the message's id.
+ * its own beside the bundle): statements prepared once per text (callers use
+ * a fixed few), one transaction per message, the answer posted with the
+ * message's id.
  */
-const THREAD = `
+const WRITER_PROGRAM = `
 const { parentPort, workerData } = require("node:worker_threads")
-// This thread only (Linux): on a core shared with the event loop, a commit waits for the requests.
-try { require("node:os").setPriority(0, workerData.nice) } catch {}
+// Linux only: there it applies to this thread; elsewhere it would lower the whole process.
+if (process.platform === "linux") {
+  try { require("node:os").setPriority(0, workerData.nice) } catch {}
+}
 const Sqlite = require(workerData.driver)
 const db = new Sqlite(workerData.filename)
 db.pragma("synchronous = NORMAL")
@@ -89,28 +110,50 @@ interface Answer {
  */
 const WRITER_NICE = 10
 
+/** After the thread was lost, how long transactions fail at once instead of starting another. */
+export const RESTART_MILLIS = 30_000
+
 const failure = (cause: unknown) => new SqlError({ cause, message: "Failed to execute statement" })
+
+const unavailable = (reason: string) =>
+  new SqlError({
+    cause: new WriterUnavailable({ reason }),
+    message: "The SQLite writer thread is unavailable",
+  })
 
 /** A writer for the SQLite file `filename`; its thread stops when the scope closes. */
 export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, Scope.Scope> =>
   Effect.gen(function* () {
     const driver = createRequire(import.meta.url).resolve("better-sqlite3")
+    // The thread starts later, perhaps after a change of directory.
+    const path = resolve(filename)
     const waiting = new Map<number, (result: Effect.Effect<void, SqlError>) => void>()
     let nextId = 0
     let thread: Worker | undefined
     let closed = false
+    /** Set when the thread was lost: no new one before this time; the reason, until logged. */
+    let downUntil = 0
+    let unlogged: string | undefined
 
-    /** Every waiting transaction fails with `cause`; the next one starts a new thread. */
-    const lost = (worker: Worker, cause: unknown) => {
+    /** Every waiting transaction fails; the next start waits `RESTART_MILLIS`. */
+    const failWaiting = (worker: Worker, cause: unknown) => {
       if (thread !== worker) return
       thread = undefined
+      const reason = cause instanceof Error ? cause.message : String(cause)
+      if (!closed) {
+        downUntil = Date.now() + RESTART_MILLIS
+        unlogged = reason
+      }
       const answers = [...waiting.values()]
       waiting.clear()
-      for (const resume of answers) resume(Effect.fail(failure(cause)))
+      for (const resume of answers) resume(Effect.fail(unavailable(reason)))
     }
 
     const start = (): Worker => {
-      const worker = new Worker(THREAD, { eval: true, workerData: { filename, driver, nice: WRITER_NICE } })
+      const worker = new Worker(WRITER_PROGRAM, {
+        eval: true,
+        workerData: { filename: path, driver, nice: WRITER_NICE },
+      })
       worker.on("message", (answer: Answer) => {
         const resume = waiting.get(answer.id)
         if (resume === undefined) return
@@ -119,8 +162,8 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
         if (waiting.size === 0) worker.unref()
         resume(answer.error === undefined ? Effect.void : Effect.fail(failure(answer.error)))
       })
-      worker.on("error", (error) => lost(worker, error))
-      worker.on("exit", (code) => lost(worker, new Error(`the SQLite writer thread exited (${code})`)))
+      worker.on("error", (error) => failWaiting(worker, error))
+      worker.on("exit", (code) => failWaiting(worker, new Error(`the thread exited (${code})`)))
       worker.unref()
       return worker
     }
@@ -128,14 +171,28 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
     yield* Effect.addFinalizer(() =>
       Effect.promise(async () => {
         closed = true
-        // Its exit fails whatever still waits (`lost`).
+        // Its exit fails whatever still waits (`failWaiting`).
         if (thread !== undefined) await thread.terminate()
       }),
     )
 
     const transaction = (statements: ReadonlyArray<Statement>): Effect.Effect<void, SqlError> =>
       Effect.async<void, SqlError>((resume) => {
-        if (closed) return resume(Effect.fail(failure(new Error("the SQLite writer is closed"))))
+        if (closed) return resume(Effect.fail(unavailable("closed")))
+        if (unlogged !== undefined) {
+          const reason = unlogged
+          unlogged = undefined
+          return resume(
+            Effect.zipRight(
+              Effect.logWarning(
+                `SQLite writer thread lost (${reason}); ledger batches go to the main connection for ${RESTART_MILLIS / 1000} s`,
+              ),
+              Effect.fail(unavailable(reason)),
+            ),
+          )
+        }
+        if (thread === undefined && Date.now() < downUntil)
+          return resume(Effect.fail(unavailable("restarting later")))
         thread ??= start()
         const id = nextId++
         if (waiting.size === 0) thread.ref()

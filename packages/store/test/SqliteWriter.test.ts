@@ -1,6 +1,6 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it, layer } from "@effect/vitest"
-import { Effect, Exit, Layer } from "effect"
+import { Cause, Effect, Exit, Layer, Option } from "effect"
 import { Database, SqliteWriter, TestDatabase } from "../src/index"
 
 const writer = Effect.flatMap(SqliteWriter.SqliteWriter, (w) =>
@@ -81,11 +81,33 @@ describe("SqliteWriter", () => {
     )
   })
 
-  it.effect("an in-memory database and PostgreSQL have no writer thread", () =>
+  it.effect("a SQLite file has a writer thread; an in-memory database has none", () =>
     Effect.gen(function* () {
-      const w = yield* SqliteWriter.SqliteWriter
-      expect(w).toBeUndefined()
-    }).pipe(Effect.provide(Database.layer("sqlite::memory:"))),
+      const url = yield* TestDatabase.withTemporarySqliteFile("swarmgate_sqlite_writer_kinds")
+      const onFile = yield* Effect.provide(SqliteWriter.SqliteWriter, yield* Layer.build(Database.layer(url)))
+      const inMemory = yield* Effect.provide(
+        SqliteWriter.SqliteWriter,
+        yield* Layer.build(Database.layer("sqlite::memory:")),
+      )
+      expect(onFile).toBeDefined()
+      expect(inMemory).toBeUndefined()
+    }).pipe(Effect.scoped),
+  )
+
+  it.effect(
+    "a thread that cannot open its file fails what waits as unavailable, and is not restarted at once",
+    () =>
+      Effect.gen(function* () {
+        const w = yield* SqliteWriter.make("/nonexistent-swarmgate-dir/writer.db")
+        for (let i = 0; i < 3; i++) {
+          const exit = yield* Effect.exit(w.transaction([insert("z", i)]))
+          expect(Exit.isFailure(exit)).toBe(true)
+          if (Exit.isFailure(exit)) {
+            const error = Cause.failureOption(exit.cause)
+            expect(Option.isSome(error) && SqliteWriter.isUnavailable(error.value)).toBe(true)
+          }
+        }
+      }).pipe(Effect.scoped),
   )
 
   it.effect("a transaction after the scope closed fails (the thread was stopped)", () =>

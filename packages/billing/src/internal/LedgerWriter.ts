@@ -5,10 +5,26 @@
  * charges written, acknowledge or give back a claim, queue again) stays with
  * the book.
  */
-import type { SqlClient } from "@effect/sql"
+import { SqlClient } from "@effect/sql"
+import { SqliteWriter } from "@swarmgate/store"
 import { Effect } from "effect"
 import * as Ledger from "../Ledger"
 import type { Hold } from "./Book"
+
+/**
+ * What a book runs its SQL with: the client and, for a SQLite file, its
+ * writer thread, as found when the book is made — the book's own fibers and
+ * its callers' need not carry them.
+ */
+export const captureSql = Effect.map(
+  Effect.all([SqlClient.SqlClient, SqliteWriter.SqliteWriter]),
+  ([sql, writer]) =>
+    <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, Exclude<R, SqlClient.SqlClient>> =>
+      effect.pipe(
+        Effect.provideService(SqlClient.SqlClient, sql),
+        Effect.provideService(SqliteWriter.SqliteWriter, writer),
+      ),
+)
 
 /** The usage record of a settled hold; `chargedMicros` is already capped at the hold. */
 export const usageEntry = (
