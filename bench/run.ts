@@ -218,8 +218,9 @@ const MODES: ReadonlyArray<Mode> = [
 
 /**
  * JSON with a 4,000-character system prompt, the same on every request, as a chat
- * application sends its instructions (and a conversation its history) each turn: what
- * counting the prompt's tokens costs a gateway that does. Main section only.
+ * application sends its instructions with each: a gateway that counts prompt tokens
+ * counts it once and then remembers it (the case of a shared system prompt; a
+ * conversation's newest message is new each turn). Main section only.
  */
 const LONG_PROMPT: Mode = {
   name: "json-long",
