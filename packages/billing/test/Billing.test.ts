@@ -4,18 +4,8 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
-import { Database, TestDatabase } from "@swarmgate/store"
-import {
-  Clock,
-  Effect,
-  Either,
-  Exit,
-  Fiber,
-  FastCheck as fc,
-  type Layer,
-  type Scope,
-  TestClock,
-} from "effect"
+import { Database, SqliteWriter, TestDatabase } from "@swarmgate/store"
+import { Clock, Effect, Either, Exit, Fiber, FastCheck as fc, Layer, type Scope, TestClock } from "effect"
 import * as Billing from "../src/Billing"
 import * as LedgerCheck from "../src/LedgerCheck"
 import * as RedisBilling from "../src/RedisBilling"
@@ -643,3 +633,41 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
   })
   suite("SQLite", Database.layer("sqlite::memory:"), redis)
 })
+
+// The book's batches on a SQLite file go through its writer thread, whatever fiber flushes them.
+let threadTransactions = 0
+const countingWriter = Layer.effect(
+  SqliteWriter.SqliteWriter,
+  Effect.map(SqliteWriter.SqliteWriter, (writer) =>
+    writer === undefined
+      ? undefined
+      : {
+          transaction: (statements: ReadonlyArray<SqliteWriter.Statement>) =>
+            Effect.zipRight(
+              Effect.sync(() => {
+                threadTransactions++
+              }),
+              writer.transaction(statements),
+            ),
+        },
+  ),
+)
+
+layer(Layer.provideMerge(countingWriter, TestDatabase.layerSqliteFile("swarmgate_billing_thread")))(
+  "Billing on a SQLite file",
+  (it) => {
+    it.scoped("writes its batches on the writer thread, also when flushed from a fiber without it", () =>
+      Effect.gen(function* () {
+        yield* TestClock.setTime(NOW)
+        const account = yield* seed(1_000_000)
+        const b = yield* Billing.make({ prices: PRICES, shutdownWaitMillis: 0 })
+        const hold = yield* b.reserve(request(account))
+        yield* b.settle(hold.requestId, { completionTokens: 5, outcome: "completed" })
+        const before = threadTransactions
+        yield* b.flush.pipe(Effect.provideService(SqliteWriter.SqliteWriter, undefined))
+        expect(threadTransactions - before).toBe(1)
+        expect((yield* ledgerOf(account.accountId)).usage).toHaveLength(1)
+      }),
+    )
+  },
+)
