@@ -242,33 +242,37 @@ const loadOptions = (
   warmupMillis: number,
   client: ClientKind = "undici",
   over: Partial<LoadOptions> = {},
-): LoadOptions => ({
-  url: `${endpoint.url}/v1/chat/completions`,
-  key: endpoint.key,
-  headers: endpoint.headers,
-  model: endpoint.model,
-  stream: mode.stream,
-  maxTokens: 256,
-  prompt: `Say the word the, over and over. chunks=${mode.chunks}`,
-  extra:
-    mode.system === undefined
-      ? {}
-      : {
-          messages: [
-            { role: "system", content: mode.system },
-            { role: "user", content: `Say the word the, over and over. chunks=${mode.chunks}` },
-          ],
-        },
-  concurrency,
-  rate: undefined,
-  durationMillis,
-  warmupMillis,
-  timeoutMillis: 60_000,
-  client,
-  slo: undefined,
-  seed: 1,
-  ...over,
-})
+): LoadOptions => {
+  const prompt = `Say the word the, over and over. chunks=${mode.chunks}`
+  return {
+    url: `${endpoint.url}/v1/chat/completions`,
+    key: endpoint.key,
+    headers: endpoint.headers,
+    model: endpoint.model,
+    stream: mode.stream,
+    maxTokens: 256,
+    prompt,
+    // With a system message the body's messages replace the prompt's one (Runner.requestBody).
+    extra:
+      mode.system === undefined
+        ? {}
+        : {
+            messages: [
+              { role: "system", content: mode.system },
+              { role: "user", content: prompt },
+            ],
+          },
+    concurrency,
+    rate: undefined,
+    durationMillis,
+    warmupMillis,
+    timeoutMillis: 60_000,
+    client,
+    slo: undefined,
+    seed: 1,
+    ...over,
+  }
+}
 
 const rawResults: Array<{ id: string; measured: Measured }> = []
 

@@ -50,11 +50,15 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
  * size, each one Effect step instead of one per row. Rows of `batchJson`
  * (`usageParams`), by position.
  */
-const USAGE_FROM_JSON = `INSERT INTO usage_records
-  (request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at)
+/** The columns of a usage record and of a charge, in the order of `usageParams` and `chargeParams`. */
+const USAGE_COLUMNS =
+  "request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at"
+const CHARGE_COLUMNS = "id, account_id, kind, amount_micros, request_id, created_at"
+
+const USAGE_FROM_JSON = `INSERT INTO usage_records (${USAGE_COLUMNS})
   SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, value->>8, value->>9
   FROM json_each(?)`
-const CHARGES_FROM_JSON = `INSERT INTO balance_movements (id, account_id, kind, amount_micros, request_id, created_at)
+const CHARGES_FROM_JSON = `INSERT INTO balance_movements (${CHARGE_COLUMNS})
   SELECT 'chg_' || (value->>0), value->>1, 'charge', value->>6, value->>0, value->>9
   FROM json_each(?)`
 
@@ -112,11 +116,8 @@ export const writeBatch = (
       )
   })
 
-const INSERT_USAGE = `INSERT INTO usage_records
-  (request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
-const INSERT_CHARGE = `INSERT INTO balance_movements (id, account_id, kind, amount_micros, request_id, created_at)
-  VALUES (?, ?, 'charge', ?, ?, ?)`
+const INSERT_USAGE = `INSERT INTO usage_records (${USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+const INSERT_CHARGE = `INSERT INTO balance_movements (${CHARGE_COLUMNS}) VALUES (?, ?, 'charge', ?, ?, ?)`
 const DEBIT_BALANCE = "UPDATE accounts SET balance_micros = balance_micros - ? WHERE id = ?"
 
 const usageParams = (e: UsageEntry): ReadonlyArray<unknown> => [

@@ -138,6 +138,13 @@ const SHORT_TEXT = 32
 const SHORT_CACHE_MAX = 16_384
 const shortCounts = new Map<string, number>()
 
+/** Puts `n` under `key` in a cache of at most `max` entries (emptied when full); returns `n`. */
+const remember = (cache: Map<string, number>, max: number, key: string, n: number): number => {
+  if (cache.size >= max) cache.clear()
+  cache.set(key, n)
+  return n
+}
+
 /**
  * Tokens of `text`: exact while at most `limit`; past it, some number above
  * `limit` (counting stops early, so a huge text costs what the limit allows).
@@ -146,13 +153,8 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
   if (text.length === 0) return 0
   if (text.length <= SHORT_TEXT) {
     // One segment, counted whole whatever the limit: the same number as below.
-    let n = shortCounts.get(text)
-    if (n === undefined) {
-      n = countTokens(text, PLAIN)
-      if (shortCounts.size >= SHORT_CACHE_MAX) shortCounts.clear()
-      shortCounts.set(text, n)
-    }
-    return n
+    const known = shortCounts.get(text)
+    return known ?? remember(shortCounts, SHORT_CACHE_MAX, text, countTokens(text, PLAIN))
   }
   if (text.length <= STRETCH && !mayHaveLongPiece(text)) {
     // What the loop below would do with the one segment it would find, without its scan.
@@ -201,11 +203,7 @@ const messageCount = (text: string, limit: number, scope: string): number => {
   // Exact, so also right when above `limit` ("some number above it").
   if (known !== undefined) return known
   const n = count(text, limit)
-  if (n <= limit) {
-    if (messageCounts.size >= MESSAGE_CACHE_MAX) messageCounts.clear()
-    messageCounts.set(key, n)
-  }
-  return n
+  return n <= limit ? remember(messageCounts, MESSAGE_CACHE_MAX, key, n) : n
 }
 
 /**
