@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Layer, Random, Scope } from "effect"
+import { Clock, Context, Effect, Either, type Fiber, FiberId, Layer, Random, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -289,6 +289,29 @@ export const normalizeCached = (request: AdmitRequest): Normalized => {
   return { subject: request.subject, resource: request.resource ?? "", ...limits }
 }
 
+/** A permit of the general path, as its release and its lease renewals read it. */
+interface PermitState {
+  done: boolean
+  committed: boolean
+  /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
+  committedAt: number | undefined
+  /** Its lease while the shared renewer keeps it (a remote store's permit). */
+  lease: Lease | undefined
+}
+
+/** A running permit whose lease the store would let lapse unless renewed. */
+interface Lease {
+  readonly request: Normalized
+  readonly permit: string
+  readonly state: PermitState
+  /** When it was admitted or last renewed (ms). */
+  renewedAt: number
+}
+
+/** The deferred commit's age in µs, or undefined once delivered (or for a store that commits at once). */
+const commitAgo = (state: PermitState, now: number) =>
+  state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
+
 export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
   Effect.sync(() => {
     const maxInFlight = options.maxInFlight ?? Number.POSITIVE_INFINITY
@@ -305,6 +328,56 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         return Effect.logWarning(`quota store: ${what} failed (${error.reason})`)
       })
 
+    // The leases of running permits (a remote store's), renewed together every third of a lease by one
+    // fiber: not a fiber and a timer per request. It runs while any permit is leased.
+    const leaseMillis = store.leaseMillis
+    const renewEvery = leaseMillis === undefined ? 0 : Math.max(1, Math.floor(leaseMillis / 3))
+    const leases = new Set<Lease>()
+    let renewer: Fiber.RuntimeFiber<void> | undefined
+    // Checked and sent in one synchronous run of its fiber: a permit released first is never renewed
+    // after its release (a late renewal would take its slot again for a lease).
+    const renewOne = (entry: Lease, now: number) =>
+      Effect.suspend(() => {
+        const { state, request, permit } = entry
+        if (state.done) return Effect.void
+        const ago = commitAgo(state, now)
+        // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
+        if (state.committed && ago === undefined && request.concurrency === undefined) return Effect.void
+        return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
+          // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
+          if (ago !== undefined) state.committedAt = undefined
+        }).pipe(Effect.catchAll(warn("renew")))
+      })
+    const renewLeases = Effect.gen(function* () {
+      while (true) {
+        yield* Effect.sleep(renewEvery)
+        const now = yield* Clock.currentTimeMillis
+        const due: Array<Lease> = []
+        // Renewed at most every `renewEvery`, and at least every 1.5 × `renewEvery` (half a lease).
+        for (const entry of leases)
+          if (now - entry.renewedAt >= renewEvery / 2) {
+            entry.renewedAt = now
+            due.push(entry)
+          }
+        // All at once: one pipelined write to the store.
+        if (due.length > 0)
+          yield* Effect.forEach(due, (entry) => renewOne(entry, now), {
+            concurrency: "unbounded",
+            discard: true,
+          })
+      }
+    })
+    const unlease = (state: PermitState) => {
+      const entry = state.lease
+      if (entry === undefined) return
+      state.lease = undefined
+      leases.delete(entry)
+      if (leases.size === 0 && renewer !== undefined) {
+        renewer.unsafeInterruptAsFork(FiberId.none)
+        renewer = undefined
+      }
+    }
+
     // Declared once per service, not made per request (gateway/HttpServer.ts says why).
     function* admitNormalizedBody(
       request: Normalized,
@@ -314,23 +387,16 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
       if (inFlight >= maxInFlight) return yield* Effect.fail(instanceFull)
       inFlight++
       const permit = yield* newPermitId
-      const state = {
-        done: false,
-        committed: false,
-        /** A deferred commit: when it was decided (ms), until a renewal or the release delivers it. */
-        committedAt: undefined as number | undefined,
-      }
-      // The deferred commit's age in µs, or undefined once delivered (or for a store that commits at once).
-      const commitAgo = (now: number) =>
-        state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
+      const state: PermitState = { done: false, committed: false, committedAt: undefined, lease: undefined }
       const finish = (stored: boolean) =>
         Effect.suspend(() => {
           if (state.done) return Effect.void
           state.done = true
           inFlight--
+          unlease(state)
           if (!stored) return Effect.void
           return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-            store.release(request, permit, state.committed, commitAgo(now)),
+            store.release(request, permit, state.committed, commitAgo(state, now)),
           ).pipe(Effect.catchAll(warn("release")))
         })
 
@@ -375,27 +441,17 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         }
       }
 
-      const lease = store.leaseMillis
-      if (lease !== undefined) {
-        yield* Effect.sleep(Math.max(1, Math.floor(lease / 3))).pipe(
-          Effect.zipRight(
-            Effect.flatMap(Clock.currentTimeMillis, (now) => {
-              const ago = commitAgo(now)
-              // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
-              if (state.committed && ago === undefined && request.concurrency === undefined)
-                return Effect.void
-              return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
-                // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
-                if (ago !== undefined) state.committedAt = undefined
-              })
-            }),
-          ),
-          Effect.catchAll(warn("renew")),
-          Effect.forever,
-          // Forked from an uninterruptible region: without this the scope could never stop it.
-          Effect.interruptible,
-          Effect.forkScoped,
-        )
+      if (leaseMillis !== undefined && !state.done) {
+        const entry: Lease = { request, permit, state, renewedAt: yield* Clock.currentTimeMillis }
+        state.lease = entry
+        leases.add(entry)
+        if (renewer === undefined) {
+          // Forked from an uninterruptible region: made interruptible so that `unlease` can stop it.
+          const started = yield* Effect.forkDaemon(Effect.interruptible(renewLeases))
+          // Another admission may have started one while this fiber yielded: one renewer only.
+          if (renewer === undefined && leases.size > 0) renewer = started
+          else started.unsafeInterruptAsFork(FiberId.none)
+        }
       }
       const commit = Effect.suspend(() => {
         if (state.committed || state.done) return Effect.void
