@@ -126,23 +126,33 @@ export const shared = (
 const failure = (cause: unknown) =>
   new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })
 
-/** Runs a script by its SHA, sending the source when Redis does not know it (`NOSCRIPT`). */
-export const run = (
+/**
+ * Runs a script by its SHA, sending the source when Redis does not know it
+ * (`NOSCRIPT`); a failure becomes `mapFailure`'s error. One `Effect.async` over
+ * ioredis's promise: no async function and no mapping step per command.
+ */
+export const run = <E = RedisFailure>(
   redis: Redis,
   script: Script,
   keys: ReadonlyArray<string>,
   args: ReadonlyArray<string | number>,
-): Effect.Effect<unknown, RedisFailure> =>
-  Effect.tryPromise({
-    try: async () => {
-      try {
-        return await redis.evalsha(script.sha, keys.length, ...keys, ...args)
-      } catch (error) {
-        if (!String((error as Error)?.message).startsWith("NOSCRIPT")) throw error
-        return await redis.eval(script.source, keys.length, ...keys, ...args)
-      }
-    },
-    catch: failure,
+  mapFailure: (failure: RedisFailure) => E = (f) => f as E,
+): Effect.Effect<unknown, E> =>
+  Effect.async<unknown, E>((resume) => {
+    const fail = (cause: unknown) => resume(Effect.fail(mapFailure(failure(cause))))
+    const succeed = (reply: unknown) => resume(Effect.succeed(reply))
+    try {
+      redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
+        if (!String((error as Error)?.message).startsWith("NOSCRIPT")) return fail(error)
+        try {
+          redis.eval(script.source, keys.length, ...keys, ...args).then(succeed, fail)
+        } catch (thrown) {
+          fail(thrown)
+        }
+      })
+    } catch (thrown) {
+      fail(thrown)
+    }
   })
 
 /** One ioredis call; its rejection becomes a `RedisFailure`. */

@@ -64,6 +64,38 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
     }),
   )
 
+  it.live("a script Redis does not know (a restart, SCRIPT FLUSH) is sent whole, then run by its SHA", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const client = yield* Redis.shared(redisUrl(), 1_000)
+        // A source of its own, so no earlier run has loaded it.
+        const fresh = `return ARGV[1] -- ${crypto.randomUUID()}`
+        const script = { source: fresh, sha: createHash("sha1").update(fresh).digest("hex") }
+        expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([0])
+        expect(yield* Redis.run(client, script, [], ["first"])).toBe("first")
+        expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([1])
+        expect(yield* Redis.run(client, script, [], ["again"])).toBe("again")
+      }),
+    ),
+  )
+
+  it.live("a script's error fails the run, as the caller's own error", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const client = yield* Redis.shared(redisUrl(), 1_000)
+        const source = "return redis.error_reply('refused by the script')"
+        const failing = { source, sha: createHash("sha1").update(source).digest("hex") }
+        const plain = yield* Effect.flip(Redis.run(client, failing, [], []))
+        expect(plain._tag).toBe("RedisFailure")
+        expect(plain.reason).toContain("refused by the script")
+        const mapped = yield* Effect.flip(
+          Redis.run(client, failing, [], [], (f) => ({ _tag: "Mine" as const, reason: f.reason })),
+        )
+        expect(mapped).toEqual({ _tag: "Mine", reason: expect.stringContaining("refused by the script") })
+      }),
+    ),
+  )
+
   it.live("scripts run together go out in one write; in turn, one write each", () =>
     Effect.scoped(
       Effect.gen(function* () {

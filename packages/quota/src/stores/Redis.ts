@@ -85,11 +85,10 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
     // while Redis is away the failure policy answers, and ioredis keeps reconnecting.
     const redis = yield* SharedRedis.shared(options.url, options.commandTimeoutMillis ?? 1_000)
 
+    const unavailable = (e: SharedRedis.RedisFailure) =>
+      new StoreUnavailable({ reason: e.reason, cause: e.cause })
     const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string>) =>
-      SharedRedis.run(redis, script, keys, args).pipe(
-        Effect.map((reply) => reply as Reply),
-        Effect.mapError((e) => new StoreUnavailable({ reason: e.reason, cause: e.cause })),
-      )
+      SharedRedis.run(redis, script, keys, args, unavailable) as Effect.Effect<Reply, StoreUnavailable>
 
     // Local waiters are woken by local releases at once; others see them on their next poll.
     const waiters = new Map<string, Set<() => void>>()
