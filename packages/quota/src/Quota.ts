@@ -329,7 +329,8 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
       })
 
     // The leases of running permits (a remote store's), renewed together every third of a lease by one
-    // fiber: not a fiber and a timer per request. It runs while any permit is leased.
+    // fiber: not a fiber and a timer per request. It runs while any permit is leased, and ends at the
+    // first wake that finds none (so steady traffic, even one request at a time, keeps one renewer).
     const leaseMillis = store.leaseMillis
     const renewEvery = leaseMillis === undefined ? 0 : Math.max(1, Math.floor(leaseMillis / 3))
     const leases = new Set<Lease>()
@@ -351,6 +352,10 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
     const renewLeases = Effect.gen(function* () {
       while (true) {
         yield* Effect.sleep(renewEvery)
+        if (leases.size === 0) {
+          renewer = undefined
+          return
+        }
         const now = yield* Clock.currentTimeMillis
         const due: Array<Lease> = []
         // Renewed at most every `renewEvery`, and at least every 1.5 × `renewEvery` (half a lease).
@@ -372,10 +377,6 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
       if (entry === undefined) return
       state.lease = undefined
       leases.delete(entry)
-      if (leases.size === 0 && renewer !== undefined) {
-        renewer.unsafeInterruptAsFork(FiberId.none)
-        renewer = undefined
-      }
     }
 
     // Declared once per service, not made per request (gateway/HttpServer.ts says why).
@@ -446,10 +447,10 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         state.lease = entry
         leases.add(entry)
         if (renewer === undefined) {
-          // Forked from an uninterruptible region: made interruptible so that `unlease` can stop it.
+          // Forked from an uninterruptible region: made interruptible so that it can be stopped.
           const started = yield* Effect.forkDaemon(Effect.interruptible(renewLeases))
           // Another admission may have started one while this fiber yielded: one renewer only.
-          if (renewer === undefined && leases.size > 0) renewer = started
+          if (renewer === undefined) renewer = started
           else started.unsafeInterruptAsFork(FiberId.none)
         }
       }
