@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, type Fiber, FiberId, Layer, Random, Scope } from "effect"
+import { Clock, Context, Effect, Either, type Fiber, FiberId, Layer, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -266,10 +266,10 @@ const storeDown = new AdmissionUnavailable({
 
 const openPermit: Permit = { rates: [], commit: Effect.void, isCommitted: Effect.succeed(false) }
 
-const newPermitId = Effect.map(
-  Effect.all([Clock.currentTimeMillis, Random.nextInt, Random.nextInt]),
-  ([now, a, b]) => `${now.toString(36)}.${(a >>> 0).toString(36)}${(b >>> 0).toString(36)}`,
-)
+// Unique across the instances sharing a store (the time, then ~100 random bits), not secret: one
+// step, not the dozen of reading `Clock` and `Random` through `Effect.all`.
+const randomPart = () => Math.floor(Math.random() * 2 ** 52).toString(36)
+const newPermitId = Effect.sync(() => `${Date.now().toString(36)}.${randomPart()}${randomPart()}`)
 
 /**
  * `normalize`, once per `Limits` object: callers that keep one limits object
@@ -526,11 +526,10 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
 
     const service: QuotaShape = {
       admitNow,
+      // A malformed limit throws in the thunk: a defect, as before.
       admit: (request) =>
-        Effect.flatMap(
-          Effect.sync(() => normalizeCached(request)),
-          (normalized) =>
-            admitNormalized(normalized, request.limits.concurrency?.maxWaitMillis ?? defaultWait),
+        Effect.suspend(() =>
+          admitNormalized(normalizeCached(request), request.limits.concurrency?.maxWaitMillis ?? defaultWait),
         ),
       usage: (request, resources) =>
         Effect.sync(() => normalize(request)).pipe(
