@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, type Fiber, FiberId, Layer, Scope } from "effect"
+import { Clock, Context, Effect, Either, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -313,7 +313,11 @@ const commitAgo = (state: PermitState, now: number) =>
   state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
 
 export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
-  Effect.sync(() => {
+  Effect.map(build(store, options), ({ service }) => service)
+
+/** The service, and how to stop its lease renewer (a scoped layer does it when it closes). */
+const build = (store: Store, options: QuotaOptions) =>
+  Effect.map(Effect.runtime<never>(), (runtime) => {
     const maxInFlight = options.maxInFlight ?? Number.POSITIVE_INFINITY
     const defaultWait = options.maxQueueWaitMillis ?? DEFAULT_MAX_QUEUE_WAIT_MILLIS
     const failOpen = options.onStoreFailure === "open"
@@ -328,50 +332,70 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         return Effect.logWarning(`quota store: ${what} failed (${error.reason})`)
       })
 
-    // The leases of running permits (a remote store's), renewed together every third of a lease by one
-    // fiber: not a fiber and a timer per request. It runs while any permit is leased, and ends at the
-    // first wake that finds none (so steady traffic, even one request at a time, keeps one renewer).
+    // The leases of running permits (a remote store's), renewed together by one fiber that wakes every
+    // quarter of a lease: not a fiber and a timer per request. A permit is renewed at most every quarter
+    // and at least every 3/8 of a lease (plus a slow batch's wait), so one failed renewal still leaves
+    // time for the next. It runs while any permit is leased, ends at the first wake that finds none
+    // (steady traffic, even one request at a time, keeps one), and runs on the runtime the service was
+    // made in (its logger and clock), not on the first request's fiber.
     const leaseMillis = store.leaseMillis
-    const renewEvery = leaseMillis === undefined ? 0 : Math.max(1, Math.floor(leaseMillis / 3))
+    const renewEvery = leaseMillis === undefined ? 0 : Math.max(1, Math.floor(leaseMillis / 4))
     const leases = new Set<Lease>()
     let renewer: Fiber.RuntimeFiber<void> | undefined
-    // Checked and sent in one synchronous run of its fiber: a permit released first is never renewed
-    // after its release (a late renewal would take its slot again for a lease).
-    const renewOne = (entry: Lease, now: number) =>
-      Effect.suspend(() => {
+    const held = (state: PermitState) => () => !state.done
+    // Checked and sent in one synchronous run of its fiber (and a NOSCRIPT retry only while still held):
+    // nothing is renewed after its permit's release, which a late renewal would undo for a lease.
+    const renewOne = (entry: Lease) =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
         const { state, request, permit } = entry
         if (state.done) return Effect.void
         const ago = commitAgo(state, now)
-        // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
-        if (state.committed && ago === undefined && request.concurrency === undefined) return Effect.void
-        return Effect.tap(store.renew(request, permit, state.committed, ago), () => {
+        return Effect.tap(store.renew(request, permit, state.committed, ago, held(state)), () => {
           // Delivered: a renewal sent while this one ran carries it again, and the store ignores it.
           if (ago !== undefined) state.committedAt = undefined
-        }).pipe(Effect.catchAll(warn("renew")))
-      })
-    const renewLeases = Effect.gen(function* () {
+        })
+      }).pipe(
+        Effect.catchAll(warn("renew")),
+        // One permit's defect must not stop the others' renewals.
+        Effect.catchAllDefect((defect) => Effect.logError("quota store: renewing a lease failed", defect)),
+      )
+    // Committed (and delivered) and without a slot, a permit holds nothing that could lapse.
+    const needsRenewal = (entry: Lease) =>
+      !entry.state.done &&
+      (!entry.state.committed ||
+        entry.state.committedAt !== undefined ||
+        entry.request.concurrency !== undefined)
+    function* renewLeasesBody() {
       while (true) {
         yield* Effect.sleep(renewEvery)
         if (leases.size === 0) {
+          // Decided and cleared in one synchronous run: a lease added after this starts a new renewer.
           renewer = undefined
           return
         }
         const now = yield* Clock.currentTimeMillis
         const due: Array<Lease> = []
-        // Renewed at most every `renewEvery`, and at least every 1.5 × `renewEvery` (half a lease).
         for (const entry of leases)
-          if (now - entry.renewedAt >= renewEvery / 2) {
+          if (now - entry.renewedAt >= renewEvery / 2 && needsRenewal(entry)) {
             entry.renewedAt = now
             due.push(entry)
           }
         // All at once: one pipelined write to the store.
-        if (due.length > 0)
-          yield* Effect.forEach(due, (entry) => renewOne(entry, now), {
-            concurrency: "unbounded",
-            discard: true,
-          })
+        if (due.length > 0) yield* Effect.forEach(due, renewOne, { concurrency: "unbounded", discard: true })
       }
-    })
+    }
+    // However it ends (idle, interrupted, a defect), the next lease starts another.
+    const renewLeases = Effect.withFiberRuntime<void>((fiber) =>
+      Effect.ensuring(
+        Effect.gen(renewLeasesBody),
+        Effect.sync(() => {
+          if (renewer === fiber) renewer = undefined
+        }),
+      ),
+    )
+    const startRenewer = () => {
+      if (renewer === undefined) renewer = Runtime.runFork(runtime)(renewLeases)
+    }
     const unlease = (state: PermitState) => {
       const entry = state.lease
       if (entry === undefined) return
@@ -442,16 +466,15 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
         }
       }
 
-      if (leaseMillis !== undefined && !state.done) {
-        const entry: Lease = { request, permit, state, renewedAt: yield* Clock.currentTimeMillis }
-        state.lease = entry
-        leases.add(entry)
-        if (renewer === undefined) {
-          // Forked from an uninterruptible region: made interruptible so that it can be stopped.
-          const started = yield* Effect.forkDaemon(Effect.interruptible(renewLeases))
-          // Another admission may have started one while this fiber yielded: one renewer only.
-          if (renewer === undefined) renewer = started
-          else started.unsafeInterruptAsFork(FiberId.none)
+      if (leaseMillis !== undefined) {
+        // The time first: between the check and the adding below nothing may yield (a release in
+        // between would leave its lease behind).
+        const now = yield* Clock.currentTimeMillis
+        if (!state.done) {
+          const entry: Lease = { request, permit, state, renewedAt: now }
+          state.lease = entry
+          leases.add(entry)
+          startRenewer()
         }
       }
       const commit = Effect.suspend(() => {
@@ -554,7 +577,10 @@ export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<Qu
       inFlight: Effect.sync(() => inFlight),
       remote: store.remote,
     }
-    return service
+    const stopRenewals = Effect.suspend(() =>
+      renewer === undefined ? Effect.void : Fiber.interrupt(renewer),
+    )
+    return { service, stopRenewals }
   })
 
 // --- layers --------------------------------------------------------------------------
@@ -574,5 +600,12 @@ export interface RedisOptions extends QuotaOptions, RedisStore.RedisStoreOptions
 export const layerRedis = (options: RedisOptions) =>
   Layer.scoped(
     Quota,
-    Effect.flatMap(RedisStore.make(options), (store) => make(store, options)),
+    Effect.flatMap(RedisStore.make(options), (store) =>
+      Effect.flatMap(build(store, options), ({ service, stopRenewals }) =>
+        Effect.as(
+          Effect.addFinalizer(() => stopRenewals),
+          service,
+        ),
+      ),
+    ),
   )

@@ -128,8 +128,10 @@ const failure = (cause: unknown) =>
 
 /**
  * Runs a script by its SHA, sending the source when Redis does not know it
- * (`NOSCRIPT`); a failure becomes `mapFailure`'s error. One `Effect.async` over
- * ioredis's promise: no async function and no mapping step per command.
+ * (`NOSCRIPT`) — a round trip later, so only while `resendIf` (when given)
+ * still says so (the reply is then `null`); a failure becomes `mapFailure`'s
+ * error. One `Effect.async` over ioredis's promise: no async function and no
+ * mapping step per command.
  */
 export const run = <E = RedisFailure>(
   redis: Redis,
@@ -137,13 +139,23 @@ export const run = <E = RedisFailure>(
   keys: ReadonlyArray<string>,
   args: ReadonlyArray<string | number>,
   mapFailure: (failure: RedisFailure) => E = (f) => f as E,
+  resendIf?: () => boolean,
 ): Effect.Effect<unknown, E> =>
   Effect.async<unknown, E>((resume) => {
-    const fail = (cause: unknown) => resume(Effect.fail(mapFailure(failure(cause))))
+    const fail = (cause: unknown) => {
+      let error: E
+      try {
+        error = mapFailure(failure(cause))
+      } catch (thrown) {
+        return resume(Effect.die(thrown))
+      }
+      resume(Effect.fail(error))
+    }
     const succeed = (reply: unknown) => resume(Effect.succeed(reply))
     try {
       redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
         if (!String((error as Error)?.message).startsWith("NOSCRIPT")) return fail(error)
+        if (resendIf !== undefined && !resendIf()) return succeed(null)
         try {
           redis.eval(script.source, keys.length, ...keys, ...args).then(succeed, fail)
         } catch (thrown) {

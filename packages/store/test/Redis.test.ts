@@ -79,6 +79,19 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
     ),
   )
 
+  it.live("a script Redis does not know is not sent again once the caller says it no longer applies", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const client = yield* Redis.shared(redisUrl(), 1_000)
+        const fresh = `return ARGV[1] -- ${crypto.randomUUID()}`
+        const script = { source: fresh, sha: createHash("sha1").update(fresh).digest("hex") }
+        const reply = yield* Redis.run(client, script, [], ["late"], undefined, () => false)
+        expect(reply).toBeNull()
+        expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([0])
+      }),
+    ),
+  )
+
   it.live("a script's error fails the run, as the caller's own error", () =>
     Effect.scoped(
       Effect.gen(function* () {

@@ -110,12 +110,17 @@ export interface Store {
     committed: boolean,
     commitAgoMicros?: number,
   ) => Effect.Effect<void, StoreUnavailable>
-  /** Extends the permit's leases; with `commitAgoMicros`, also delivers a deferred commit (as `release`). */
+  /**
+   * Extends the permit's leases; with `commitAgoMicros`, also delivers a deferred commit (as `release`).
+   * A store that must send it again later (a script Redis no longer knows) does so only while `held`
+   * says the permit is still held: a renewal after the release would take its slot again.
+   */
   readonly renew: (
     request: Normalized,
     permit: string,
     committed: boolean,
     commitAgoMicros?: number,
+    held?: () => boolean,
   ) => Effect.Effect<void, StoreUnavailable>
   /** Current state without changing it; the request's rates are read for each of `resources`. */
   readonly usage: (

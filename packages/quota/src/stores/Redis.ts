@@ -23,7 +23,7 @@ export interface RedisStoreOptions {
   readonly url: string | Redacted.Redacted
   /** Prepended to every key; instances that should share limits use the same prefix. */
   readonly prefix?: string | undefined
-  /** How long a slot, queue place or reservation survives its holder's last renewal (renewed every third of it). */
+  /** How long a slot, queue place or reservation survives its holder's last renewal (renewals: every quarter of it). */
   readonly leaseMillis?: number | undefined
   /** A command that takes longer counts as a store failure. */
   readonly commandTimeoutMillis?: number | undefined
@@ -87,8 +87,16 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
 
     const unavailable = (e: SharedRedis.RedisFailure) =>
       new StoreUnavailable({ reason: e.reason, cause: e.cause })
-    const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string>) =>
-      SharedRedis.run(redis, script, keys, args, unavailable) as Effect.Effect<Reply, StoreUnavailable>
+    const run = (
+      script: Scripts.Script,
+      keys: ReadonlyArray<string>,
+      args: ReadonlyArray<string>,
+      resendIf?: () => boolean,
+    ) =>
+      SharedRedis.run(redis, script, keys, args, unavailable, resendIf) as Effect.Effect<
+        Reply,
+        StoreUnavailable
+      >
 
     // Local waiters are woken by local releases at once; others see them on their next poll.
     const waiters = new Map<string, Set<() => void>>()
@@ -195,7 +203,13 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       ).pipe(Effect.zipRight(Effect.sync(() => wake(request.subject))))
     }
 
-    const renew = (request: Normalized, permit: string, committed: boolean, commitAgoMicros?: number) => {
+    const renew = (
+      request: Normalized,
+      permit: string,
+      committed: boolean,
+      commitAgoMicros?: number,
+      held?: () => boolean,
+    ) => {
       const k = keysOf(prefix, request.subject, request.resource)
       return Effect.asVoid(
         run(
@@ -208,6 +222,7 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
             request.concurrency === undefined ? "0" : "1",
             ...commitArgs(request, committed ? commitAgoMicros : undefined),
           ],
+          held,
         ),
       )
     }
