@@ -28,7 +28,6 @@ import {
   Context,
   Effect,
   Either,
-  ExecutionStrategy,
   Exit,
   Fiber,
   FiberId,
@@ -225,32 +224,41 @@ const admitAndHold = (
     const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome), () =>
       Effect.sync(gauges.refused),
     )
-    const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
     if (!quota.remote || billing.reserveNow !== undefined) {
+      const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
       return Effect.flatMap(admitting, (permit) => {
         gauges.admitted()
         return Effect.map(holding, (hold) => ({ permit, hold }))
       })
     }
-    return Effect.gen(() => admitAndHoldApartBody(scope, admitting, holding, gauges.admitted))
+    const input = Billing.reserveInput(principal, requestId, request, waitMillis)
+    return Effect.gen(() =>
+      admitAndHoldApartBody(
+        scope,
+        admitting,
+        (money) => Billing.holdWaiting(billing, money, input, outcome, onSettled),
+        gauges.admitted,
+      ),
+    )
   })
 
 // Declared once, not made per call (the rule at the top of this module).
-function* admitAndHoldApartBody<P, H, E1, E2, R1, R2>(
+function* admitAndHoldApartBody<P, H, E1, E2, R1>(
   scope: Scope.Scope,
   admission: Effect.Effect<P, E1, R1>,
-  holding: Effect.Effect<H, E2, R2>,
+  holdIn: (money: Scope.Scope) => Effect.Effect<H, E2>,
   onAdmitted: () => void,
 ) {
-  // Two scopes, closed together by one finalizer: the release and the settlement leave in one write.
-  const limits = yield* Scope.fork(scope, ExecutionStrategy.sequential)
-  const money = yield* Scope.fork(scope, ExecutionStrategy.sequential)
+  // Two scopes, made by plain calls and closed together by one finalizer of the request's scope
+  // (nothing is in them before it is added): the release and the settlement leave in one write.
+  const limits = Finalizers.makeScopeNow()
+  const money = Finalizers.makeScopeNow()
   yield* Scope.addFinalizerExit(scope, (exit) =>
     Effect.flatMap(Effect.forkDaemon(Scope.close(money, exit)), (settling) =>
       Effect.zipRight(Scope.close(limits, exit), Fiber.join(settling)),
     ),
   )
-  const held = yield* Effect.fork(Effect.either(Effect.provideService(holding, Scope.Scope, money)))
+  const held = yield* Effect.fork(Effect.either(holdIn(money)))
   const permit = yield* Effect.either(Effect.provideService(admission, Scope.Scope, limits))
   const hold = yield* Fiber.join(held)
   if (Either.isLeft(permit)) return yield* Effect.fail(permit.left)
