@@ -14,8 +14,10 @@ const required = process.env.SWARMGATE_REQUIRE_SERVICES === "1"
 if (url === undefined && !required)
   console.warn("[skip] shared Redis connection: TEST_REDIS_URL is not set, so these tests do not run")
 
-const source = "return ARGV[1]"
-const echo = { source, sha: createHash("sha1").update(source).digest("hex") }
+const scriptOf = (source: string) => ({ source, sha: createHash("sha1").update(source).digest("hex") })
+const echo = scriptOf("return ARGV[1]")
+/** An echo with a source of its own, so no earlier run has loaded it into Redis. */
+const unseenScript = () => scriptOf(`return ARGV[1] -- ${crypto.randomUUID()}`)
 
 /** Counts the writes on the client's socket while `body` runs. */
 const writesDuring = <A, E>(client: Client, body: Effect.Effect<A, E>) =>
@@ -68,9 +70,7 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
     Effect.scoped(
       Effect.gen(function* () {
         const client = yield* Redis.shared(redisUrl(), 1_000)
-        // A source of its own, so no earlier run has loaded it.
-        const fresh = `return ARGV[1] -- ${crypto.randomUUID()}`
-        const script = { source: fresh, sha: createHash("sha1").update(fresh).digest("hex") }
+        const script = unseenScript()
         expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([0])
         expect(yield* Redis.run(client, script, [], ["first"])).toBe("first")
         expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([1])
@@ -83,8 +83,7 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
     Effect.scoped(
       Effect.gen(function* () {
         const client = yield* Redis.shared(redisUrl(), 1_000)
-        const fresh = `return ARGV[1] -- ${crypto.randomUUID()}`
-        const script = { source: fresh, sha: createHash("sha1").update(fresh).digest("hex") }
+        const script = unseenScript()
         const reply = yield* Redis.run(client, script, [], ["late"], undefined, () => false)
         expect(reply).toBeNull()
         expect(yield* Redis.command(() => client.script("EXISTS", script.sha))).toEqual([0])
@@ -96,8 +95,7 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
     Effect.scoped(
       Effect.gen(function* () {
         const client = yield* Redis.shared(redisUrl(), 1_000)
-        const source = "return redis.error_reply('refused by the script')"
-        const failing = { source, sha: createHash("sha1").update(source).digest("hex") }
+        const failing = scriptOf("return redis.error_reply('refused by the script')")
         const plain = yield* Effect.flip(Redis.run(client, failing, [], []))
         expect(plain._tag).toBe("RedisFailure")
         expect(plain.reason).toContain("refused by the script")
