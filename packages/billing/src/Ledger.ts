@@ -43,6 +43,11 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
   return out
 }
 
+/** The columns of a usage record and of a charge, in the order of `usageParams` and `chargeParams`. */
+const USAGE_COLUMNS =
+  "request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at"
+const CHARGE_COLUMNS = "id, account_id, kind, amount_micros, request_id, created_at"
+
 /**
  * SQLite on the `SqlClient`'s own connection (an in-memory database, or a
  * file whose writer thread is unavailable) takes a whole batch as one JSON
@@ -50,10 +55,6 @@ const slices = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A
  * size, each one Effect step instead of one per row. Rows of `batchJson`
  * (`usageParams`), by position.
  */
-/** The columns of a usage record and of a charge, in the order of `usageParams` and `chargeParams`. */
-const USAGE_COLUMNS =
-  "request_id, account_id, key_id, model, prompt_tokens, completion_tokens, cost_micros, outcome, started_at, created_at"
-const CHARGE_COLUMNS = "id, account_id, kind, amount_micros, request_id, created_at"
 
 const USAGE_FROM_JSON = `INSERT INTO usage_records (${USAGE_COLUMNS})
   SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, value->>8, value->>9

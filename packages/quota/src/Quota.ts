@@ -312,9 +312,6 @@ interface Lease {
 const commitAgo = (state: PermitState, now: number) =>
   state.committedAt === undefined ? undefined : (now - state.committedAt) * MICROS_PER_MILLI
 
-export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
-  Effect.map(build(store, options), ({ service }) => service)
-
 /** The service, and how to stop its lease renewer (a scoped layer does it when it closes). */
 const build = (store: Store, options: QuotaOptions) =>
   Effect.map(Effect.runtime<never>(), (runtime) => {
@@ -582,6 +579,10 @@ const build = (store: Store, options: QuotaOptions) =>
     )
     return { service, stopRenewals }
   })
+
+/** The service over `store`; its lease renewer (a remote store's) runs on the runtime it is made in. */
+export const make = (store: Store, options: QuotaOptions = {}): Effect.Effect<QuotaShape> =>
+  Effect.map(build(store, options), ({ service }) => service)
 
 // --- layers --------------------------------------------------------------------------
 
