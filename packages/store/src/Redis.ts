@@ -127,11 +127,49 @@ const failure = (cause: unknown) =>
   new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })
 
 /**
- * Runs a script by its SHA, sending the source when Redis does not know it
- * (`NOSCRIPT`) — a round trip later, so only while `resendIf` (when given)
- * still says so (the reply is then `null`); a failure becomes `mapFailure`'s
- * error. One `Effect.async` over ioredis's promise: no async function and no
- * mapping step per command.
+ * Sends a script by its SHA at the call, and the source when Redis does not
+ * know it (`NOSCRIPT`) — a round trip later, so only while `resendIf` (when
+ * given) still says so (the reply is then `null`); `done` gets the outcome,
+ * a failure as `mapFailure`'s error (a throwing mapper: a defect).
+ */
+const evalScript = <E>(
+  redis: Redis,
+  script: Script,
+  keys: ReadonlyArray<string>,
+  args: ReadonlyArray<string | number>,
+  mapFailure: (failure: RedisFailure) => E,
+  resendIf: (() => boolean) | undefined,
+  done: (outcome: Effect.Effect<unknown, E>) => void,
+): void => {
+  const fail = (cause: unknown) => {
+    let error: E
+    try {
+      error = mapFailure(failure(cause))
+    } catch (thrown) {
+      return done(Effect.die(thrown))
+    }
+    done(Effect.fail(error))
+  }
+  const succeed = (reply: unknown) => done(Effect.succeed(reply))
+  try {
+    redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
+      if (!String((error as Error)?.message).startsWith("NOSCRIPT")) return fail(error)
+      if (resendIf !== undefined && !resendIf()) return succeed(null)
+      try {
+        redis.eval(script.source, keys.length, ...keys, ...args).then(succeed, fail)
+      } catch (thrown) {
+        fail(thrown)
+      }
+    })
+  } catch (thrown) {
+    fail(thrown)
+  }
+}
+
+/**
+ * Runs a script (sent when the Effect runs), with the `NOSCRIPT` fallback and
+ * failure mapping of `evalScript`. One `Effect.async` over ioredis's promise:
+ * no async function and no mapping step per command.
  */
 export const run = <E = RedisFailure>(
   redis: Redis,
@@ -141,31 +179,38 @@ export const run = <E = RedisFailure>(
   mapFailure: (failure: RedisFailure) => E = (f) => f as E,
   resendIf?: () => boolean,
 ): Effect.Effect<unknown, E> =>
-  Effect.async<unknown, E>((resume) => {
-    const fail = (cause: unknown) => {
-      let error: E
-      try {
-        error = mapFailure(failure(cause))
-      } catch (thrown) {
-        return resume(Effect.die(thrown))
-      }
-      resume(Effect.fail(error))
-    }
-    const succeed = (reply: unknown) => resume(Effect.succeed(reply))
-    try {
-      redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
-        if (!String((error as Error)?.message).startsWith("NOSCRIPT")) return fail(error)
-        if (resendIf !== undefined && !resendIf()) return succeed(null)
-        try {
-          redis.eval(script.source, keys.length, ...keys, ...args).then(succeed, fail)
-        } catch (thrown) {
-          fail(thrown)
-        }
-      })
-    } catch (thrown) {
-      fail(thrown)
-    }
+  Effect.async<unknown, E>((resume) => evalScript(redis, script, keys, args, mapFailure, resendIf, resume))
+
+/**
+ * `run`, sent now: the script leaves at the call — with whatever else is sent
+ * in the same tick, in one write — and the Effect returned waits for its
+ * reply (at once if it came already). So a caller can send several commands
+ * before it waits for any, without forking a fiber for each. Every run of the
+ * Effect sees the same reply; the command is sent once whether or not it
+ * runs.
+ */
+export const send = <E = RedisFailure>(
+  redis: Redis,
+  script: Script,
+  keys: ReadonlyArray<string>,
+  args: ReadonlyArray<string | number>,
+  mapFailure: (failure: RedisFailure) => E = (f) => f as E,
+  resendIf?: () => boolean,
+): Effect.Effect<unknown, E> => {
+  let outcome: Effect.Effect<unknown, E> | undefined
+  let waiting: Array<(outcome: Effect.Effect<unknown, E>) => void> | undefined
+  evalScript(redis, script, keys, args, mapFailure, resendIf, (result) => {
+    outcome = result
+    const resumes = waiting
+    waiting = undefined
+    if (resumes !== undefined) for (const resume of resumes) resume(result)
   })
+  return Effect.async<unknown, E>((resume) => {
+    if (outcome !== undefined) return resume(outcome)
+    if (waiting === undefined) waiting = [resume]
+    else waiting.push(resume)
+  })
+}
 
 /** One ioredis call; its rejection becomes a `RedisFailure`. */
 export const command = <A>(use: () => Promise<A>): Effect.Effect<A, RedisFailure> =>

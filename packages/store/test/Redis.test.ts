@@ -128,4 +128,42 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
       }),
     ),
   )
+
+  it.live(
+    "a script sent now leaves at the call, with the others sent in that run: one write, no fiber each",
+    () =>
+      Effect.scoped(
+        Effect.gen(function* () {
+          const client = yield* Redis.shared(redisUrl(), 1_000)
+          yield* Redis.run(client, echo, [], ["warm"])
+          const sent = yield* writesDuring(
+            client,
+            Effect.suspend(() => {
+              const a = Redis.send(client, echo, [], ["a"])
+              const b = Redis.send(client, echo, [], ["b"])
+              // Waited for in any order, and as often as the caller likes: the same reply each time.
+              return Effect.all([b, a, a])
+            }),
+          )
+          expect(sent).toEqual({ result: ["b", "a", "a"], writes: 1 })
+          // Sent whether or not anything waits for it: a command after it on the connection sees its effect.
+          const key = `swarmgate-test:${crypto.randomUUID()}`
+          const set = scriptOf("return redis.call('SET', KEYS[1], ARGV[1])")
+          yield* Redis.run(client, set, [key], ["loaded"])
+          Redis.send(client, set, [key], ["sent"])
+          expect(yield* Redis.command(() => client.get(key))).toBe("sent")
+          yield* Redis.command(() => client.del(key))
+          // A failure reaches each wait as the caller's own error.
+          const failing = Redis.send(
+            client,
+            scriptOf("return redis.error_reply('nope')"),
+            [],
+            [],
+            (f) => f.reason,
+          )
+          expect(yield* Effect.flip(failing)).toContain("nope")
+          expect(yield* Effect.flip(failing)).toContain("nope")
+        }),
+      ),
+  )
 })
