@@ -15,7 +15,7 @@ import {
   type RateState,
   rateParams,
 } from "./internal/Algorithm"
-import type { Normalized, Store, StoreUnavailable } from "./internal/Store"
+import type { AdmitOutcome, Normalized, Store, StoreUnavailable } from "./internal/Store"
 import * as MemoryStore from "./stores/Memory"
 import * as RedisStore from "./stores/Redis"
 
@@ -120,6 +120,27 @@ export type Admission =
   | { readonly _tag: "Admitted"; readonly permit: Permit }
   | { readonly _tag: "Refused"; readonly error: Refusal; readonly rates: ReadonlyArray<RateStatus> }
 
+/**
+ * An admission sent at once (`admitSent`): the store's command left at the
+ * call; the decision, and the release the caller owes.
+ */
+export interface AdmissionSent {
+  /**
+   * Waits for the store's decision and finishes the admission as `admit`
+   * does (a queue wait, the lease). Run it once, or not at all.
+   */
+  readonly admission: Effect.Effect<Admission, AdmissionUnavailable>
+  /** Whether the permit's units are committed (charged). */
+  readonly committed: () => boolean
+  /**
+   * Frees what the admission took, exactly once (later calls do nothing) —
+   * with `commit`, charging a permit that nothing committed yet (its work
+   * started). Sent at the call once the decision is known (else after it);
+   * returns the Effect that waits for the store.
+   */
+  readonly release: (commit: boolean) => Effect.Effect<void>
+}
+
 export interface Usage {
   readonly concurrency: number
   readonly queued: number
@@ -142,6 +163,15 @@ export interface QuotaShape {
    * the caller's fiber's (so `TestClock` drives it as it drives `admit`).
    */
   readonly admitNow: (request: AdmitRequest, clock: Clock.Clock) => AdmissionNow
+  /**
+   * `admit` for a store that can send at the call (Redis): the admission's
+   * command leaves now, in the same write as whatever else the caller sends
+   * in this synchronous run (the request's hold), and the caller runs the
+   * wait. No scope: the caller calls `release` exactly once, whatever happens
+   * — even when it never runs the wait. `clock` is the caller's fiber's.
+   * Absent on stores that cannot.
+   */
+  readonly admitSent?: ((request: AdmitRequest, clock: Clock.Clock) => AdmissionSent) | undefined
   /** The current state of `request`'s limits; rates are read for each of `resources`. */
   readonly usage: (
     request: AdmitRequest,
@@ -269,7 +299,8 @@ const openPermit: Permit = { rates: [], commit: Effect.void, isCommitted: Effect
 // Unique across the instances sharing a store (the time, then ~100 random bits), not secret: one
 // step, not the dozen of reading `Clock` and `Random` through `Effect.all`.
 const randomPart = () => Math.floor(Math.random() * 2 ** 52).toString(36)
-const newPermitId = Effect.sync(() => `${Date.now().toString(36)}.${randomPart()}${randomPart()}`)
+const newPermitIdNow = () => `${Date.now().toString(36)}.${randomPart()}${randomPart()}`
+const newPermitId = Effect.sync(newPermitIdNow)
 
 /**
  * `normalize`, once per `Limits` object: callers that keep one limits object
@@ -297,6 +328,8 @@ interface PermitState {
   committedAt: number | undefined
   /** Its lease while the shared renewer keeps it (a remote store's permit). */
   lease: Lease | undefined
+  /** Sent admissions (`admitSent`): whether the store holds anything for it, once its reply was read. */
+  stored?: boolean | undefined
 }
 
 /** A running permit whose lease the store would let lapse unless renewed. */
@@ -499,6 +532,131 @@ const build = (store: Store, options: QuotaOptions) =>
         Effect.gen(() => admitNormalizedBody(request, maxWait, restore)),
       )
 
+    // --- admissions sent at the call (a remote store's `send`) ----------------------------------
+
+    const sendNow = store.send !== undefined && store.commit === undefined ? store.send : undefined
+    /** A deferred commit, decided by a plain call: the release (or the next renewal) delivers it. */
+    const commitDeferred = (state: PermitState, now: number) => {
+      if (state.committed || state.done) return
+      state.committed = true
+      state.committedAt = now
+    }
+    /** The permit's end, its release sent at the call (once; `stored`: the store holds something). */
+    const finishSent = (
+      send: NonNullable<Store["send"]>,
+      request: Normalized,
+      permit: string,
+      state: PermitState,
+      stored: boolean,
+      now: number,
+    ): Effect.Effect<void> => {
+      if (state.done) return Effect.void
+      state.done = true
+      inFlight--
+      unlease(state)
+      if (!stored) return Effect.void
+      return Effect.catchAll(
+        send.release(request, permit, state.committed, commitAgo(state, now)),
+        warn("release"),
+      )
+    }
+    const holdsSlotOrUnits = (reply: Either.Either<AdmitOutcome, StoreUnavailable>) =>
+      Either.isRight(reply) && (reply.right._tag === "Admitted" || reply.right._tag === "Queued")
+
+    // Declared once per service, like `admitNormalizedBody`.
+    function* admissionSentBody(
+      send: NonNullable<Store["send"]>,
+      request: Normalized,
+      permit: string,
+      state: PermitState,
+      reply: Effect.Effect<Either.Either<AdmitOutcome, StoreUnavailable>>,
+      maxWait: number,
+      clock: Clock.Clock,
+      restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
+    ) {
+      const first = yield* reply
+      state.stored = holdsSlotOrUnits(first)
+      if (Either.isLeft(first)) {
+        yield* warn("admit")(first.left)
+        if (!failOpen) {
+          yield* finishSent(send, request, permit, state, false, clock.unsafeCurrentTimeMillis())
+          return yield* Effect.fail(storeDown)
+        }
+        return { _tag: "Admitted", permit: openPermit } satisfies Admission
+      }
+      const outcome = first.right
+      const rates = outcome.rates.map(rateStatus)
+      if (outcome._tag === "RateLimited" || outcome._tag === "ConcurrencyLimited") {
+        yield* finishSent(send, request, permit, state, false, clock.unsafeCurrentTimeMillis())
+        const error =
+          outcome._tag === "RateLimited"
+            ? rateRefusal(request, outcome.limit, outcome.waitMicros)
+            : concurrencyRefusal(outcome.waitMicros)
+        return { _tag: "Refused", error, rates } satisfies Admission
+      }
+      if (outcome._tag === "Queued") {
+        const waited = yield* Effect.either(restore(store.awaitSlot(request, permit, maxWait)))
+        if (Either.isLeft(waited)) {
+          yield* warn("queue")(waited.left)
+          if (!failOpen) {
+            yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
+            return yield* Effect.fail(storeDown)
+          }
+        } else if (waited.right._tag === "TimedOut") {
+          yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
+          return {
+            _tag: "Refused",
+            error: concurrencyRefusal(waited.right.waitMicros),
+            rates,
+          } satisfies Admission
+        }
+      }
+      if (leaseMillis !== undefined && !state.done) {
+        const entry: Lease = { request, permit, state, renewedAt: clock.unsafeCurrentTimeMillis() }
+        state.lease = entry
+        leases.add(entry)
+        startRenewer()
+      }
+      const commitNow = () => commitDeferred(state, clock.unsafeCurrentTimeMillis())
+      const permitSent: Permit = {
+        rates,
+        commit: Effect.sync(commitNow),
+        commitNow,
+        isCommitted: Effect.sync(() => state.committed),
+      }
+      return { _tag: "Admitted", permit: permitSent } satisfies Admission
+    }
+
+    const admitSent = (input: AdmitRequest, clock: Clock.Clock): AdmissionSent => {
+      const send = sendNow!
+      const request = normalizeCached(input)
+      if (inFlight >= maxInFlight)
+        return { admission: Effect.fail(instanceFull), committed: () => false, release: () => Effect.void }
+      inFlight++
+      const permit = newPermitIdNow()
+      const state: PermitState = { done: false, committed: false, committedAt: undefined, lease: undefined }
+      // Sent now; every read of `reply` sees the same answer.
+      const reply = Effect.either(send.admit(request, permit))
+      const maxWait = input.limits.concurrency?.maxWaitMillis ?? defaultWait
+      return {
+        admission: Effect.uninterruptibleMask((restore) =>
+          Effect.gen(() => admissionSentBody(send, request, permit, state, reply, maxWait, clock, restore)),
+        ),
+        committed: () => state.committed,
+        release: (commit) => {
+          if (state.done) return Effect.void
+          const release = (stored: boolean) => {
+            const now = clock.unsafeCurrentTimeMillis()
+            if (commit && stored) commitDeferred(state, now)
+            return finishSent(send, request, permit, state, stored, now)
+          }
+          if (state.stored !== undefined) return release(state.stored)
+          // The decision was never read (the caller stopped before it): read it, then release.
+          return Effect.flatMap(reply, (first) => release(holdsSlotOrUnits(first)))
+        },
+      }
+    }
+
     // Permit ids of the synchronous path: unique in this process, which is all a memory store needs.
     let permits = 0
     const storeNow = store.now
@@ -573,6 +731,7 @@ const build = (store: Store, options: QuotaOptions) =>
         ),
       inFlight: Effect.sync(() => inFlight),
       remote: store.remote,
+      admitSent: sendNow === undefined ? undefined : admitSent,
     }
     const stopRenewals = Effect.suspend(() =>
       renewer === undefined ? Effect.void : Fiber.interrupt(renewer),

@@ -2,7 +2,7 @@
  * One contract, two stores: memory (under TestClock) and a real Redis.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, TestClock } from "effect"
+import { Effect, Exit, Fiber, Layer, Scope, TestClock } from "effect"
 import * as Quota from "../src/Quota"
 import * as RedisStore from "../src/stores/Redis"
 import { contract, expectAdmitted, expectRefused, failureOf, runOne, subject } from "./support/Contract"
@@ -56,6 +56,85 @@ describe.skipIf(skipRedis)("redis store", () => {
       settle: Effect.sleep(80),
     },
     (name, body) => it.live(name, () => Effect.scoped(body()).pipe(Effect.provide(layerWith({}))), 20_000),
+  )
+
+  // The same contract through `admitSent` (what the gateway uses scaled out): the scoped admission
+  // rebuilt from it, the release owed to the scope put in place before the first wait.
+  const sentLayerWith = (options: Quota.QuotaOptions) =>
+    Layer.effect(
+      Quota.Quota,
+      Effect.map(Quota.Quota, (q): Quota.QuotaShape => {
+        const admitSent = q.admitSent
+        if (admitSent === undefined) throw new Error("the Redis store sends at the call")
+        return {
+          ...q,
+          admit: (request) =>
+            Effect.flatMap(Effect.all([Effect.clock, Effect.scope]), ([clock, scope]) => {
+              const sent = admitSent(request, clock)
+              return Effect.zipRight(
+                Scope.addFinalizer(
+                  scope,
+                  Effect.suspend(() => sent.release(false)),
+                ),
+                sent.admission,
+              )
+            }),
+        }
+      }),
+    ).pipe(Layer.provide(layerWith(options)))
+
+  contract(
+    {
+      name: "redis, sent at the call",
+      layerWith: sentLayerWith,
+      advance: (millis) => Effect.sleep(millis),
+      setTime: undefined,
+      settle: Effect.sleep(80),
+    },
+    (name, body) =>
+      it.live(
+        `sent at the call: ${name}`,
+        () => Effect.scoped(body()).pipe(Effect.provide(sentLayerWith({}))),
+        20_000,
+      ),
+  )
+
+  it.live("a sent admission is released by its owner even when nothing read its decision", () =>
+    Effect.gen(function* () {
+      const q = yield* Quota.Quota
+      const request = {
+        subject: subject("unread"),
+        resource: "m",
+        limits: {
+          rates: [{ name: "rpm", limit: 3, periodMillis: 60_000 }],
+          quotas: [{ name: "daily", limit: 5, period: "day" as const }],
+          concurrency: { limit: 1 },
+        },
+      }
+      const clock = yield* Effect.clock
+      const unread = q.admitSent!(request, clock)
+      expect(yield* q.inFlight).toBe(1)
+      // Released unread and uncommitted: the slot and the reservations go, nothing is charged.
+      yield* unread.release(false)
+      yield* unread.release(false)
+      expect(yield* q.inFlight).toBe(0)
+      const after = yield* q.usage(request, ["m"])
+      expect([after.concurrency, after.rates.get("m")?.[0]?.remaining, after.quotas[0]?.remaining]).toEqual([
+        0, 3, 5,
+      ])
+      // A started request's release commits what nothing committed yet.
+      const started = q.admitSent!(request, clock)
+      expectAdmitted(yield* started.admission)
+      expect(started.committed()).toBe(false)
+      yield* started.release(true)
+      expect(started.committed()).toBe(true)
+      const charged = yield* q.usage(request, ["m"])
+      expect([
+        charged.concurrency,
+        charged.rates.get("m")?.[0]?.remaining,
+        charged.quotas[0]?.remaining,
+      ]).toEqual([0, 2, 4])
+    }).pipe(Effect.provide(layerWith({}))),
   )
 
   it.live(

@@ -122,6 +122,22 @@ export interface Store {
     commitAgoMicros?: number,
     held?: () => boolean,
   ) => Effect.Effect<void, StoreUnavailable>
+  /**
+   * `admit` and `release` sent at the call (the Effect returned waits for the
+   * reply): a remote store's, so that a caller sends them with its other
+   * commands in one write. A store that has them defers commits (no `commit`).
+   */
+  readonly send?:
+    | {
+        readonly admit: (request: Normalized, permit: string) => Effect.Effect<AdmitOutcome, StoreUnavailable>
+        readonly release: (
+          request: Normalized,
+          permit: string,
+          committed: boolean,
+          commitAgoMicros?: number,
+        ) => Effect.Effect<void, StoreUnavailable>
+      }
+    | undefined
   /** Current state without changing it; the request's rates are read for each of `resources`. */
   readonly usage: (
     request: Normalized,

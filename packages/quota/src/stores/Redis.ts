@@ -130,34 +130,34 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
         })
       })
 
-    const admit = (request: Normalized, permit: string): Effect.Effect<AdmitOutcome, StoreUnavailable> => {
+    const admitKeys = (request: Normalized) => {
       const k = keysOf(prefix, request.subject, request.resource)
-      return Effect.map(
-        run(
-          Scripts.admit,
-          [k.rate, k.pendingResource, k.pendingSubject, k.quota, k.slots, k.queue, k.queueLeases, k.meta],
-          [permit, leaseMicros, ...limitArgs(request)],
-        ),
-        (reply): AdmitOutcome => {
-          const [status, first, second, flat] = reply as [string, string, string, Array<unknown>]
-          const rates = rateStates(request, flat)
-          switch (status) {
-            case "rate":
-              return { _tag: "RateLimited", rates, waitMicros: Number(first), limit: second }
-            case "concurrency":
-              return {
-                _tag: "ConcurrencyLimited",
-                rates,
-                waitMicros: concurrencyWait(request.concurrency?.limit ?? 0, Number(first), ewmaOf(second)),
-              }
-            case "queued":
-              return { _tag: "Queued", rates }
-            default:
-              return { _tag: "Admitted", rates }
-          }
-        },
-      )
+      return [k.rate, k.pendingResource, k.pendingSubject, k.quota, k.slots, k.queue, k.queueLeases, k.meta]
     }
+    const admitArgs = (request: Normalized, permit: string) => [permit, leaseMicros, ...limitArgs(request)]
+    const admitOutcome = (request: Normalized, reply: Reply): AdmitOutcome => {
+      const [status, first, second, flat] = reply as [string, string, string, Array<unknown>]
+      const rates = rateStates(request, flat)
+      switch (status) {
+        case "rate":
+          return { _tag: "RateLimited", rates, waitMicros: Number(first), limit: second }
+        case "concurrency":
+          return {
+            _tag: "ConcurrencyLimited",
+            rates,
+            waitMicros: concurrencyWait(request.concurrency?.limit ?? 0, Number(first), ewmaOf(second)),
+          }
+        case "queued":
+          return { _tag: "Queued", rates }
+        default:
+          return { _tag: "Admitted", rates }
+      }
+    }
+
+    const admit = (request: Normalized, permit: string): Effect.Effect<AdmitOutcome, StoreUnavailable> =>
+      Effect.map(run(Scripts.admit, admitKeys(request), admitArgs(request, permit)), (reply) =>
+        admitOutcome(request, reply),
+      )
 
     const awaitSlot = (
       request: Normalized,
@@ -194,13 +194,40 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
         ? [""]
         : [String(Math.max(0, Math.round(commitAgoMicros))), ...limitArgs(request)]
 
-    const release = (request: Normalized, permit: string, committed: boolean, commitAgoMicros?: number) => {
+    const releaseKeys = (request: Normalized) => {
       const k = keysOf(prefix, request.subject, request.resource)
-      return run(
+      return [k.slots, k.queue, k.queueLeases, k.meta, k.pendingResource, k.pendingSubject, k.rate, k.quota]
+    }
+    const releaseArgs = (
+      request: Normalized,
+      permit: string,
+      committed: boolean,
+      commitAgoMicros?: number,
+    ) => [permit, committed ? "1" : "0", ...commitArgs(request, committed ? commitAgoMicros : undefined)]
+
+    const release = (request: Normalized, permit: string, committed: boolean, commitAgoMicros?: number) =>
+      run(
         Scripts.release,
-        [k.slots, k.queue, k.queueLeases, k.meta, k.pendingResource, k.pendingSubject, k.rate, k.quota],
-        [permit, committed ? "1" : "0", ...commitArgs(request, committed ? commitAgoMicros : undefined)],
+        releaseKeys(request),
+        releaseArgs(request, permit, committed, commitAgoMicros),
       ).pipe(Effect.zipRight(Effect.sync(() => wake(request.subject))))
+
+    const send: Store["send"] = {
+      admit: (request, permit) =>
+        Effect.map(
+          SharedRedis.send(redis, Scripts.admit, admitKeys(request), admitArgs(request, permit), unavailable),
+          (reply) => admitOutcome(request, reply as Reply),
+        ),
+      release: (request, permit, committed, commitAgoMicros) => {
+        const sent = SharedRedis.send(
+          redis,
+          Scripts.release,
+          releaseKeys(request),
+          releaseArgs(request, permit, committed, commitAgoMicros),
+          unavailable,
+        )
+        return Effect.asVoid(Effect.tap(sent, () => wake(request.subject)))
+      },
     }
 
     const renew = (
@@ -261,6 +288,7 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
       remote: true,
       leaseMillis,
       admit,
+      send,
       awaitSlot,
       release,
       renew,
