@@ -77,6 +77,29 @@ export interface AccountMoney {
   readonly spentMonthMicros: number
 }
 
+/**
+ * A hold sent at once (`reserveSent`): the book's command left at the call;
+ * the hold, and its resolution the caller owes.
+ */
+export interface HoldSent {
+  /**
+   * Waits for the book's answer and finishes the hold as `reserve` does (a
+   * book seeded first, a balance re-read, a wait for other holds). Run it
+   * once, or not at all; uninterruptible.
+   */
+  readonly hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>
+  /**
+   * Settles what ran (as `settle`) — or voids the hold, with no settlement —
+   * exactly once; nothing when no hold was placed. Sent at the call once the
+   * hold is known (else after its answer), `now` from the caller's clock;
+   * returns the Effect that waits for the book.
+   */
+  readonly resolve: (
+    settlement: Settlement | undefined,
+    now: number,
+  ) => Effect.Effect<Ledger.UsageEntry | undefined>
+}
+
 export interface BillingShape {
   readonly prices: PriceTable
   /** The worst-case cost of a request: its prompt plus its whole completion cap. */
@@ -109,6 +132,14 @@ export interface BillingShape {
     | undefined
   /** `void` as one plain call. */
   readonly voidNow?: ((requestId: string) => boolean) | undefined
+  /**
+   * `reserve` for a remote book (Redis): its command leaves at the call, in
+   * the same write as whatever else the caller sends in this synchronous run
+   * (the request's admission), and the caller runs the wait; the caller then
+   * calls `resolve` exactly once, whatever happens. `now` from the caller's
+   * clock. Absent on books that decide in memory.
+   */
+  readonly reserveSent?: ((input: ReserveInput, now: number) => HoldSent) | undefined
   /** Voids the holds past their expiry now (also done every `sweepMillis`); returns how many. */
   readonly expire: Effect.Effect<number>
   /** Re-reads committed balances after credits made elsewhere (admin API, CLI). */

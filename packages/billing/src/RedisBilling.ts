@@ -31,8 +31,10 @@ import {
   BillingUnavailable,
   config as billingConfig,
   defaults,
+  type HoldSent,
   make as makeMemory,
   type ReserveInput,
+  type ReserveRefusal,
   reserveWaiting,
   type Settlement,
 } from "./Billing"
@@ -280,44 +282,55 @@ export const make = (
 
     // --- the request path ---------------------------------------------------------------------
 
-    const reserveOnce = (input: ReserveInput, now: number) => {
+    const reserveKeys = (input: ReserveInput) => [
+      K.account(input.accountId),
+      K.key(input.keyId),
+      K.holds,
+      K.holdIndex,
+    ]
+    const reserveArgs = (input: ReserveInput, now: number) => {
       const price = priceOf(input.model)
       const expiresAt = now + input.ttlMillis
       const due = Math.min(expiresAt, now + leaseMillis)
-      return Effect.map(
-        run(
-          Scripts.reserve,
-          [K.account(input.accountId), K.key(input.keyId), K.holds, K.holdIndex],
-          [
-            input.requestId,
-            input.accountId,
-            input.keyId,
-            price.promptMicrosPerMillion,
-            price.completionMicrosPerMillion,
-            input.promptTokens,
-            input.maxTokens,
-            input.paymentHold ? 1 : 0,
-            input.monthlySpendLimitMicros ?? -1,
-            input.keySpendLimitMicros ?? -1,
-            startOfUtcMonth(now),
-            due,
-            expiresAt,
-            IDLE_TTL_MILLIS,
-          ],
-        ),
-        (reply): string | { readonly amount: number; readonly cap: number } =>
-          Array.isArray(reply) ? { amount: Number(reply[1]), cap: Number(reply[2]) } : String(reply),
-      )
+      return [
+        input.requestId,
+        input.accountId,
+        input.keyId,
+        price.promptMicrosPerMillion,
+        price.completionMicrosPerMillion,
+        input.promptTokens,
+        input.maxTokens,
+        input.paymentHold ? 1 : 0,
+        input.monthlySpendLimitMicros ?? -1,
+        input.keySpendLimitMicros ?? -1,
+        startOfUtcMonth(now),
+        due,
+        expiresAt,
+        IDLE_TTL_MILLIS,
+      ]
     }
+    type ReserveReply = string | { readonly amount: number; readonly cap: number }
+    const reserveReply = (reply: unknown): ReserveReply =>
+      Array.isArray(reply) ? { amount: Number(reply[1]), cap: Number(reply[2]) } : String(reply)
+    const couldNotHold = unavailable("could not place the hold")
+
+    const reserveOnce = (input: ReserveInput, now: number) =>
+      Effect.map(run(Scripts.reserve, reserveKeys(input), reserveArgs(input, now)), reserveReply)
 
     // Request-path generator bodies are declared once per book, not made per call (gateway/HttpServer.ts says why).
 
-    /** One try against the shared book, seeding it or re-reading credits once where that may help. */
-    function* reserveAttemptBody(input: ReserveInput) {
-      const now = yield* Clock.currentTimeMillis
-      const attempt = (at: number) =>
-        reserveOnce(input, at).pipe(Effect.mapError(unavailable("could not place the hold")))
-      let result = yield* attempt(now)
+    /**
+     * One try against the shared book, seeding it or re-reading credits once where that may help;
+     * `sent`: its first command, sent already at `sentAt`.
+     */
+    function* reserveAttemptBody(
+      input: ReserveInput,
+      sent: Effect.Effect<ReserveReply, BillingUnavailable> | undefined,
+      sentAt: number,
+    ) {
+      const now = sent === undefined ? yield* Clock.currentTimeMillis : sentAt
+      const attempt = (at: number) => reserveOnce(input, at).pipe(Effect.mapError(couldNotHold))
+      let result = yield* sent ?? attempt(now)
       if (result === "missing") {
         yield* ensure([input.accountId], [input.keyId])
         result = yield* attempt(now)
@@ -336,6 +349,14 @@ export const make = (
         if (REFUSALS.has(result)) return result as Shortfall
         return yield* Effect.die(new Error(`reserve: unexpected reply ${result}`))
       }
+      return placed(input, result, now)
+    }
+    /** A hold the book placed: this instance renews its lease and resolves it. */
+    const placed = (
+      input: ReserveInput,
+      result: { readonly amount: number; readonly cap: number },
+      now: number,
+    ) => {
       const hold: Hold = {
         requestId: input.requestId,
         accountId: input.accountId,
@@ -350,7 +371,7 @@ export const make = (
       local.set(hold.requestId, hold)
       return hold
     }
-    const reserveAttempt = (input: ReserveInput) => Effect.gen(() => reserveAttemptBody(input))
+    const reserveAttempt = (input: ReserveInput) => Effect.gen(() => reserveAttemptBody(input, undefined, 0))
 
     // Other instances settle holds too: a waiting request looks again at this interval.
     const released = (millis: number) => Effect.sleep(Math.min(millis, WAIT_POLL_MILLIS))
@@ -386,9 +407,13 @@ export const make = (
       ),
     )
 
-    const reserve = (input: ReserveInput) =>
+    const reserve = (input: ReserveInput) => withFallback(input, reserveShared(input))
+    const withFallback = (
+      input: ReserveInput,
+      shared: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>,
+    ) =>
       Effect.catchIf(
-        reserveShared(input),
+        shared,
         (e): e is BillingUnavailable =>
           e._tag === "BillingUnavailable" && options.onRedisFailure === "open" && redisDown(e),
         (e) =>
@@ -413,45 +438,42 @@ export const make = (
       }
     }).pipe(Effect.ignore)
 
-    /** Redis may blink; a charge is worth a few quick retries before it is left to the lease. */
-    function* retriedBody<A>(effect: Effect.Effect<A, R.RedisFailure>) {
+    /**
+     * Redis may blink; a charge is worth a few quick retries before it is left to the lease.
+     * `first` is the first try (perhaps sent already), `again` each retry.
+     */
+    function* retriedBody<A>(
+      first: Effect.Effect<A, R.RedisFailure>,
+      again: Effect.Effect<A, R.RedisFailure>,
+    ) {
       let last: R.RedisFailure | undefined
       for (let attempt = 1; attempt <= 3; attempt++) {
-        const result = yield* Effect.either(effect)
+        const result = yield* Effect.either(attempt === 1 ? first : again)
         if (result._tag === "Right") return result.right
         last = result.left
         yield* sleepReal(50 * attempt)
       }
       return yield* Effect.fail(last!)
     }
-    const retried = <A>(effect: Effect.Effect<A, R.RedisFailure>) => Effect.gen(() => retriedBody(effect))
 
-    function* settleBody(requestId: string, settlement: Settlement) {
-      if (fallback !== undefined && fallbackHolds.delete(requestId)) {
-        const entry = yield* fallback.settle(requestId, settlement)
-        if (entry !== undefined && entry.costMicros > 0)
-          replay.push({
-            accountId: entry.accountId,
-            keyId: entry.keyId,
-            charge: entry.costMicros,
-            at: entry.createdAt,
-          })
-        return entry
-      }
-      const hold = local.get(requestId)
-      if (hold === undefined) return undefined
-      local.delete(requestId)
-      const now = yield* Clock.currentTimeMillis
+    /** The settlement of a local hold: its usage record and the script's keys and arguments. */
+    const settlementOf = (requestId: string, hold: Hold, settlement: Settlement, now: number) => {
       const cost = costMicros(priceOf(hold.model), hold.promptTokens, settlement.completionTokens)
       const chargedMicros = Math.max(0, Math.min(cost, hold.amountMicros))
       const entry = LedgerWriter.usageEntry(hold, settlement, chargedMicros, now)
-      const charged = yield* retried(
-        run(
-          Scripts.settle,
-          [K.holds, K.holdIndex, K.queue],
-          [base, requestId, entry.costMicros, startOfUtcMonth(now), JSON.stringify(entry)],
-        ),
-      ).pipe(
+      const keys = [K.holds, K.holdIndex, K.queue]
+      const args = [base, requestId, entry.costMicros, startOfUtcMonth(now), JSON.stringify(entry)]
+      return { entry, keys, args }
+    }
+
+    /** The charge's script (`first`, retried as `again`), then the writer told; the entry if it charged. */
+    function* chargedBody(
+      requestId: string,
+      entry: Ledger.UsageEntry,
+      first: Effect.Effect<unknown, R.RedisFailure>,
+      again: Effect.Effect<unknown, R.RedisFailure>,
+    ) {
+      const charged = yield* Effect.gen(() => retriedBody(first, again)).pipe(
         Effect.catchAll((e) =>
           Effect.as(
             Effect.logError(
@@ -467,23 +489,123 @@ export const make = (
       if (settledSinceWrite >= batchMax) full.unsafeOpen()
       return entry
     }
+
+    /** A hold settled on the memory book of an outage (`open` policy): its charge replayed later. */
+    const settleFallback = (requestId: string, settlement: Settlement, book: BillingShape) =>
+      Effect.tap(book.settle(requestId, settlement), (entry) => {
+        if (entry !== undefined && entry.costMicros > 0)
+          replay.push({
+            accountId: entry.accountId,
+            keyId: entry.keyId,
+            charge: entry.costMicros,
+            at: entry.createdAt,
+          })
+      })
+
+    function* settleBody(requestId: string, settlement: Settlement) {
+      if (fallback !== undefined && fallbackHolds.delete(requestId))
+        return yield* settleFallback(requestId, settlement, fallback)
+      const hold = local.get(requestId)
+      if (hold === undefined) return undefined
+      local.delete(requestId)
+      const { entry, keys, args } = settlementOf(requestId, hold, settlement, yield* Clock.currentTimeMillis)
+      const script = run(Scripts.settle, keys, args)
+      return yield* chargedBody(requestId, entry, script, script)
+    }
     const settle = (requestId: string, settlement: Settlement) =>
       Effect.uninterruptible(Effect.gen(() => settleBody(requestId, settlement)))
 
+    /** `settle`, its script sent at the call (`now` from the caller's clock). */
+    const settleSent = (
+      requestId: string,
+      settlement: Settlement,
+      now: number,
+    ): Effect.Effect<Ledger.UsageEntry | undefined> => {
+      if (fallback !== undefined && fallbackHolds.has(requestId)) return settle(requestId, settlement)
+      const hold = local.get(requestId)
+      if (hold === undefined) return Effect.succeed(undefined)
+      local.delete(requestId)
+      const { entry, keys, args } = settlementOf(requestId, hold, settlement, now)
+      const sent = R.send(redis, Scripts.settle, keys, args)
+      return Effect.uninterruptible(
+        Effect.gen(() => chargedBody(requestId, entry, sent, run(Scripts.settle, keys, args))),
+      )
+    }
+
+    const voided = (requestId: string, reply: Effect.Effect<unknown, R.RedisFailure>) =>
+      reply.pipe(
+        Effect.map((reply) => Number(reply) === 1),
+        Effect.catchAll((e) =>
+          Effect.as(
+            Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`),
+            false,
+          ),
+        ),
+      )
     const voidHold = (requestId: string) =>
       Effect.suspend(() => {
         if (fallback !== undefined && fallbackHolds.delete(requestId)) return fallback.void(requestId)
         if (!local.delete(requestId)) return Effect.succeed(false)
-        return run(Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]).pipe(
-          Effect.map((reply) => Number(reply) === 1),
-          Effect.catchAll((e) =>
-            Effect.as(
-              Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`),
-              false,
-            ),
-          ),
-        )
+        return voided(requestId, run(Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]))
       })
+    /** `void`, its script sent at the call. */
+    const voidSent = (requestId: string): Effect.Effect<boolean> => {
+      if (fallback !== undefined && fallbackHolds.has(requestId)) return voidHold(requestId)
+      if (!local.delete(requestId)) return Effect.succeed(false)
+      return voided(requestId, R.send(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]))
+    }
+
+    // Declared once per book, like `reserveAttemptBody`.
+    function* holdSentBody(
+      input: ReserveInput,
+      sent: Effect.Effect<ReserveReply, BillingUnavailable>,
+      now: number,
+    ) {
+      let first: Effect.Effect<ReserveReply, BillingUnavailable> | undefined = sent
+      // The first try is the command sent already; a wait for other holds tries again as `reserve` does.
+      const attempt = Effect.suspend(() => {
+        const sentNow = first
+        first = undefined
+        return sentNow === undefined
+          ? reserveAttempt(input)
+          : Effect.gen(() => reserveAttemptBody(input, sentNow, now))
+      })
+      return yield* withFallback(input, reserveWaiting(input.waitMillis ?? 0, attempt, released))
+    }
+
+    const reserveSent = (input: ReserveInput, now: number): HoldSent => {
+      const sent = Effect.mapError(
+        Effect.map(R.send(redis, Scripts.reserve, reserveKeys(input), reserveArgs(input, now)), reserveReply),
+        couldNotHold,
+      )
+      let started = false
+      let resolved = false
+      const resolveNow = (settlement: Settlement | undefined, at: number) =>
+        settlement === undefined
+          ? Effect.as(voidSent(input.requestId), undefined)
+          : settleSent(input.requestId, settlement, at)
+      return {
+        hold: Effect.uninterruptible(
+          Effect.suspend(() => {
+            started = true
+            return Effect.gen(() => holdSentBody(input, sent, now))
+          }),
+        ),
+        resolve: (settlement, at) => {
+          if (resolved) return Effect.succeed(undefined)
+          resolved = true
+          // `hold` ran to its end (uninterruptible): what it placed is in `local` (or the fallback's).
+          if (started) return resolveNow(settlement, at)
+          // It never ran: the first answer alone says whether a hold was placed.
+          return Effect.flatMap(Effect.either(sent), (reply) => {
+            if (reply._tag === "Left" || typeof reply.right === "string" || local.has(input.requestId))
+              return Effect.succeed(undefined)
+            placed(input, reply.right, now)
+            return resolveNow(settlement, at)
+          })
+        },
+      }
+    }
 
     const expire = Effect.flatMap(Clock.currentTimeMillis, (now) =>
       run(Scripts.expire, [K.holds, K.holdIndex], [base, now, EXPIRE_BATCH]).pipe(
@@ -718,6 +840,7 @@ export const make = (
       reserve,
       settle,
       void: voidHold,
+      reserveSent,
       expire,
       // A credit is in the ledger already; the book finds it on a later refresh if Redis is away now.
       refresh: (accountIds) =>

@@ -632,6 +632,71 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
     suite("a fresh database", TestDatabase.layerPg("swarmgate_billing_redis"), redis)
   })
   suite("SQLite", Database.layer("sqlite::memory:"), redis)
+  // Holds sent at the call (what the gateway uses scaled out): `reserve` rebuilt from `reserveSent`,
+  // settlements through the hold's `resolve` (voids through `void`, whose answer the suite reads).
+  const sent: MakeBilling = (options) =>
+    Effect.map(redis(options), (book): Billing.BillingShape => {
+      const reserveSent = book.reserveSent
+      if (reserveSent === undefined) throw new Error("the Redis book sends at the call")
+      const holds = new Map<string, Billing.HoldSent>()
+      return {
+        ...book,
+        reserve: (input) =>
+          Effect.flatMap(Clock.currentTimeMillis, (now) => {
+            const holding = reserveSent(input, now)
+            holds.set(input.requestId, holding)
+            return holding.hold
+          }),
+        settle: (requestId, settlement) =>
+          Effect.flatMap(Clock.currentTimeMillis, (now) => {
+            const holding = holds.get(requestId)
+            holds.delete(requestId)
+            return holding === undefined
+              ? book.settle(requestId, settlement)
+              : holding.resolve(settlement, now)
+          }),
+        void: (requestId) => {
+          holds.delete(requestId)
+          return book.void(requestId)
+        },
+      }
+    })
+  suite("SQLite, holds sent at the call", Database.layer("sqlite::memory:"), sent)
+
+  layer(Database.layer("sqlite::memory:"), { timeout: "120 seconds" })("a hold sent at the call", (it) => {
+    it.scoped("is resolved once by its owner: settled, or voided — also when nothing waited for it", () =>
+      Effect.gen(function* () {
+        yield* TestClock.setTime(NOW)
+        const account = yield* seed(100_000)
+        const poor = yield* seed(1_000)
+        const book = yield* redis({ prices: PRICES, shutdownWaitMillis: 0 })
+        const reserveSent = book.reserveSent!
+        const money = Effect.map(book.accountMoney([account.accountId]), (m) => m.get(account.accountId))
+        const now = yield* Clock.currentTimeMillis
+        // Sent and never waited for (the admission refused first): its owner's void finds it.
+        const unread = reserveSent(request(account), now)
+        expect((yield* money)?.heldMicros).toBe(11_000)
+        expect(yield* unread.resolve(undefined, now)).toBeUndefined()
+        expect(yield* money).toEqual({ availableMicros: 100_000, heldMicros: 0, spentMonthMicros: 0 })
+        // Waited for and settled: charged once, whatever resolves it again.
+        const ran = reserveSent(request(account), now)
+        expect((yield* ran.hold).amountMicros).toBe(11_000)
+        const settlement = { completionTokens: 7, outcome: "completed" } as const
+        expect((yield* ran.resolve(settlement, now))?.costMicros).toBe(2_400)
+        expect(yield* ran.resolve(settlement, now)).toBeUndefined()
+        // Refused: nothing placed, nothing to resolve.
+        const refused = reserveSent(request(poor), now)
+        expect(yield* errorTag(refused.hold)).toBe("InsufficientQuota")
+        expect(yield* refused.resolve(settlement, now)).toBeUndefined()
+        yield* book.flush
+        expect((yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)).toEqual([2_400])
+        expect((yield* ledgerOf(poor.accountId)).usage).toEqual([])
+        expect(yield* money).toEqual({ availableMicros: 97_600, heldMicros: 0, spentMonthMicros: 2_400 })
+        expect((yield* book.pending).holds).toBe(0)
+        yield* expectLedgerOk
+      }),
+    )
+  })
 })
 
 // The book's batches on a SQLite file go through its writer thread, whatever fiber flushes them.
