@@ -124,6 +124,21 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
 }
 
 /**
+ * A finalizer (an Effect) added to `scope` by a plain call, as `addNow` adds
+ * a cleanup: for code running on the scope's fiber that must not wait for a
+ * step before its finalizer is in place (what it just sent must be undone
+ * whatever happens next). On a scope of another kind through
+ * `Scope.addFinalizerExit`; on a closed scope, run at once on a fiber of its
+ * own.
+ */
+export const addFinalizerNow = (scope: Scope.Scope, finalizer: Finalizer): void => {
+  const state = stateOf(scope)
+  if (state === undefined) Effect.runSync(Scope.addFinalizerExit(scope, finalizer))
+  else if (state._tag === "Open") state.finalizers.set({}, finalizer)
+  else Effect.runFork(finalizer(state.exit))
+}
+
+/**
  * Effect's own kind of scope, made by a plain call: what `Scope.make()`
  * returns, without running an Effect for it (a request's scope, made where
  * the request arrives). Falls back to `Scope.make()` if this Effect's scopes

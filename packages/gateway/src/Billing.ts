@@ -53,6 +53,35 @@ export const settleOutcome = (
 }
 
 /**
+ * A sent hold's resolution from `outcome` (settled, or voided when nothing
+ * started), its script sent at the call.
+ */
+export const resolveSent = (
+  holding: Billing.HoldSent,
+  outcome: Outcome,
+  exit: Exit.Exit<unknown, unknown>,
+  now: number,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+): Effect.Effect<void> => {
+  const ended = usageOutcome(outcome, exit)
+  if (ended === "void") return Effect.asVoid(holding.resolve(undefined, now))
+  const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+  const settled = holding.resolve(settlement, now)
+  return onSettled === undefined
+    ? Effect.asVoid(settled)
+    : Effect.map(settled, (entry) => onSettled(settlement, entry))
+}
+
+/** The wait for a sent hold; storage trouble is the service's (503), not the caller's. */
+export const heldSent = (
+  holding: Billing.HoldSent,
+): Effect.Effect<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> =>
+  Effect.catchTag(holding.hold, "BillingUnavailable", storageTrouble)
+
+const storageTrouble = (e: Billing.BillingUnavailable) =>
+  Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable()))
+
+/**
  * The hold a request asks for: its worst case against every limit that
  * applies, waiting up to `waitMillis` when only other requests' holds stand
  * in the way.
@@ -81,13 +110,7 @@ export const reserve = (
   billing: Billing.BillingShape,
   input: Billing.ReserveInput,
 ): Effect.Effect<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> =>
-  billing
-    .reserve(input)
-    .pipe(
-      Effect.catchTag("BillingUnavailable", (e) =>
-        Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable())),
-      ),
-    )
+  Effect.catchTag(billing.reserve(input), "BillingUnavailable", storageTrouble)
 
 /**
  * `hold` by plain calls, where the book decides at once (in memory): the

@@ -29,7 +29,7 @@ import {
   Effect,
   Either,
   Exit,
-  Fiber,
+  type Fiber,
   FiberId,
   HashSet,
   Option,
@@ -173,10 +173,11 @@ const serve = (edge: EdgeRequest, principal: Principal, request: NormalizedReque
 /**
  * The permit, then the hold — in that order where both decide in memory, and
  * then by plain calls in one step. Where both are round trips to Redis
- * (scaled out) they are sent together, in one write on the shared connection
- * (the hold from a forked fiber), and their releases likewise (their two
- * scopes closed at once by one finalizer): one round trip to start a request
- * and one to end it. The admission's refusal still wins over the hold's, and
+ * (scaled out) both scripts are sent by plain calls in one synchronous run —
+ * one write on the shared connection — before the request waits for either
+ * (no fiber per command), and their release and settlement likewise, by one
+ * finalizer put in place at once: one round trip to start a request and one
+ * to end it. The admission's refusal still wins over the hold's, and
  * whichever of the two succeeded is undone by the scope when the other
  * refused. What this changes: a request queued for a concurrency slot holds
  * its money while it waits. The permit is released, and the hold settled
@@ -221,50 +222,50 @@ const admitAndHold = (
         hold,
       }))
     }
-    const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome), () =>
-      Effect.sync(gauges.refused),
-    )
-    if (!quota.remote || billing.reserveNow !== undefined) {
+    const admitSent = quota.admitSent
+    const reserveSent = billing.reserveSent
+    if (admitSent === undefined || reserveSent === undefined) {
+      const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome), () =>
+        Effect.sync(gauges.refused),
+      )
       const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
       return Effect.flatMap(admitting, (permit) => {
         gauges.admitted()
         return Effect.map(holding, (hold) => ({ permit, hold }))
       })
     }
+    // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
     const input = Billing.reserveInput(principal, requestId, request, waitMillis)
-    return Effect.gen(() =>
-      admitAndHoldApartBody(
-        scope,
-        admitting,
-        (money) => Billing.holdWaiting(billing, money, input, outcome, onSettled),
-        gauges.admitted,
+    const admittingSent = admitSent(admission, clock)
+    const holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
+    // In place before any step: whatever happens next, both are undone or resolved — in one write too.
+    Finalizers.addFinalizerNow(scope, (exit) =>
+      Effect.suspend(() =>
+        Effect.zipRight(
+          Limits.releaseSent(res, admittingSent, outcome),
+          Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
+        ),
       ),
     )
+    return Effect.gen(() => admitAndHoldSentBody(res, admittingSent, holding, gauges))
   })
 
 // Declared once, not made per call (the rule at the top of this module).
-function* admitAndHoldApartBody<P, H, E1, E2, R1>(
-  scope: Scope.Scope,
-  admission: Effect.Effect<P, E1, R1>,
-  holdIn: (money: Scope.Scope) => Effect.Effect<H, E2>,
-  onAdmitted: () => void,
+function* admitAndHoldSentBody(
+  res: ServerResponse,
+  admitting: Quota.AdmissionSent,
+  holding: BillingService.HoldSent,
+  gauges: Operations.Gauges,
 ) {
-  // Two scopes, made by plain calls and closed together by one finalizer of the request's scope
-  // (nothing is in them before it is added): the release and the settlement leave in one write.
-  const limits = Finalizers.makeScopeNow()
-  const money = Finalizers.makeScopeNow()
-  yield* Scope.addFinalizerExit(scope, (exit) =>
-    Effect.flatMap(Effect.forkDaemon(Scope.close(money, exit)), (settling) =>
-      Effect.zipRight(Scope.close(limits, exit), Fiber.join(settling)),
-    ),
-  )
-  const held = yield* Effect.fork(Effect.either(holdIn(money)))
-  const permit = yield* Effect.either(Effect.provideService(admission, Scope.Scope, limits))
-  const hold = yield* Fiber.join(held)
-  if (Either.isLeft(permit)) return yield* Effect.fail(permit.left)
-  onAdmitted()
-  if (Either.isLeft(hold)) return yield* Effect.fail(hold.left)
-  return { permit: permit.right, hold: hold.right }
+  // The admission's refusal wins over the hold's: it is read first.
+  const permit = yield* Effect.either(Limits.admissionSent(res, admitting))
+  if (Either.isLeft(permit)) {
+    gauges.refused()
+    return yield* permit.left
+  }
+  gauges.admitted()
+  const hold = yield* Billing.heldSent(holding)
+  return { permit: permit.right, hold }
 }
 
 /**
