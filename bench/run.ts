@@ -588,40 +588,42 @@ const main = async () => {
       log("section profile")
       const dir = join(RAW, "profile")
       mkdirSync(dir, { recursive: true })
-      const profiled = await startSwarmgate({ SWARMGATE_NODES_FILE: file }, [
-        "--cpu-prof",
-        `--cpu-prof-dir=${dir}`,
-      ])
-      const endpoint: Endpoint = {
-        target: "swarmgate (profiled)",
-        url: profiled.gateway.baseUrl,
-        key: profiled.key,
-        model: "swarm-prime",
-        pid: profiled.gateway.child.pid,
-      }
-      const windows: Array<{ name: string; window: Measured["windowMicros"]; requests: number }> = []
-      for (const mode of [MODES[0]!, MODES[2]!]) {
-        const measured = await measure(
-          loadOptions(endpoint, mode, sat.c, sat.duration, sat.warmup),
-          endpoint.pid,
-          allPids().filter((p) => p !== endpoint.pid),
-        )
-        windows.push({
-          name: mode.name,
-          window: measured.windowMicros,
-          requests: measured.result.requests.succeeded,
-        })
-      }
-      const pid = profiled.gateway.child.pid
-      await stopSwarmgate(profiled)
-      const mainThread = readdirSync(dir).find((f) => f.includes(`.${pid}.0.`) && f.endsWith(".cpuprofile"))
-      if (mainThread === undefined) log(`no main-thread profile in ${dir}`)
-      else {
+      /** One gateway under `--cpu-prof` through `modes`, each summarised over its own measured window. */
+      const profileGateway = async (
+        env: Record<string, string>,
+        modes: ReadonlyArray<Mode>,
+        label: string,
+      ) => {
+        const profiled = await startSwarmgate(env, ["--cpu-prof", `--cpu-prof-dir=${dir}`])
+        const endpoint: Endpoint = {
+          target: "swarmgate (profiled)",
+          url: profiled.gateway.baseUrl,
+          key: profiled.key,
+          model: "swarm-prime",
+          pid: profiled.gateway.child.pid,
+        }
+        const windows: Array<{ name: string; window: Measured["windowMicros"]; requests: number }> = []
+        for (const mode of modes) {
+          const measured = await measure(
+            loadOptions(endpoint, mode, sat.c, sat.duration, sat.warmup),
+            endpoint.pid,
+            allPids().filter((p) => p !== endpoint.pid),
+          )
+          windows.push({
+            name: mode.name,
+            window: measured.windowMicros,
+            requests: measured.result.requests.succeeded,
+          })
+        }
+        const pid = profiled.gateway.child.pid
+        await stopSwarmgate(profiled)
+        const mainThread = readdirSync(dir).find((f) => f.includes(`.${pid}.0.`) && f.endsWith(".cpuprofile"))
+        if (mainThread === undefined) return log(`no main-thread profile in ${dir}`)
         const profile = readProfile(join(dir, mainThread))
         for (const w of windows) {
           const summary = summarizeProfile(profile, 25, w.window)
           profiles.push({
-            case: `${w.name}, 32 connections, ${w.requests} requests`,
+            case: `${w.name}${label}, 32 connections, ${w.requests} requests`,
             busyMillis: summary.busyMillis,
             requests: w.requests,
             areas: summary.areas.slice(0, 12),
@@ -630,6 +632,17 @@ const main = async () => {
             functions: summary.functions.slice(0, 20),
           })
         }
+      }
+      await profileGateway({ SWARMGATE_NODES_FILE: file }, [MODES[0]!, MODES[2]!], "")
+      // The scaled-out JSON request too: where its ~3× the embedded request's CPU goes.
+      const scaledProfiled = await scaledOut()
+      if (scaledProfiled !== undefined) {
+        await profileGateway(
+          { SWARMGATE_NODES_FILE: file, ...scaledProfiled.env },
+          [MODES[0]!],
+          ", scaled out",
+        )
+        await scaledProfiled.cleanup()
       }
     }
     if (sections.has("components")) {
