@@ -483,6 +483,10 @@ export const make = (
           ),
         ),
       )
+      return afterCharge(entry, charged)
+    }
+    /** The settle script's reply: charged (the writer told), or not (resolved already, or expired). */
+    const afterCharge = (entry: Ledger.UsageEntry, charged: unknown) => {
       if (Number(charged) !== 1) return undefined
       settledSinceWrite++
       wake.unsafeOpen()
@@ -526,9 +530,13 @@ export const make = (
       if (hold === undefined) return Effect.succeed(undefined)
       local.delete(requestId)
       const { entry, keys, args } = settlementOf(requestId, hold, settlement, now)
-      const sent = R.send(redis, Scripts.settle, keys, args)
+      // The common answer in one step; a failure goes through the retries.
       return Effect.uninterruptible(
-        Effect.gen(() => chargedBody(requestId, entry, sent, run(Scripts.settle, keys, args))),
+        Effect.matchEffect(R.send(redis, Scripts.settle, keys, args), {
+          onSuccess: (charged) => Effect.succeed(afterCharge(entry, charged)),
+          onFailure: (e) =>
+            Effect.gen(() => chargedBody(requestId, entry, Effect.fail(e), run(Scripts.settle, keys, args))),
+        }),
       )
     }
 
@@ -574,10 +582,8 @@ export const make = (
     }
 
     const reserveSent = (input: ReserveInput, now: number): HoldSent => {
-      const sent = Effect.mapError(
-        Effect.map(R.send(redis, Scripts.reserve, reserveKeys(input), reserveArgs(input, now)), reserveReply),
-        couldNotHold,
-      )
+      const raw = R.send(redis, Scripts.reserve, reserveKeys(input), reserveArgs(input, now), couldNotHold)
+      const sent = Effect.map(raw, reserveReply)
       let started = false
       let resolved = false
       const resolveNow = (settlement: Settlement | undefined, at: number) =>
@@ -588,7 +594,16 @@ export const make = (
         hold: Effect.uninterruptible(
           Effect.suspend(() => {
             started = true
-            return Effect.gen(() => holdSentBody(input, sent, now))
+            // A hold placed at the first try in one step; anything else as `reserve` goes on.
+            return Effect.matchEffect(raw, {
+              onSuccess: (reply) => {
+                const result = reserveReply(reply)
+                return typeof result === "string"
+                  ? Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
+                  : Effect.succeed(placed(input, result, now))
+              },
+              onFailure: (e) => Effect.gen(() => holdSentBody(input, Effect.fail(e), now)),
+            })
           }),
         ),
         resolve: (settlement, at) => {

@@ -247,26 +247,30 @@ const admitAndHold = (
         ),
       ),
     )
-    return Effect.gen(() => admitAndHoldSentBody(res, admittingSent, holding, gauges))
+    // The admission's refusal wins over the hold's: it is read first.
+    return Effect.matchEffect(admittingSent.admission, {
+      onFailure: (error) => {
+        gauges.refused()
+        return Effect.fail(error)
+      },
+      onSuccess: (
+        admitted,
+      ): Effect.Effect<
+        { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
+        Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
+      > => {
+        if (admitted._tag === "Refused") {
+          Limits.setRateHeaders(res, admitted.rates)
+          gauges.refused()
+          return Effect.fail(admitted.error)
+        }
+        const { permit } = admitted
+        Limits.setRateHeaders(res, permit.rates)
+        gauges.admitted()
+        return Effect.map(Billing.heldSent(holding), (hold) => ({ permit, hold }))
+      },
+    })
   })
-
-// Declared once, not made per call (the rule at the top of this module).
-function* admitAndHoldSentBody(
-  res: ServerResponse,
-  admitting: Quota.AdmissionSent,
-  holding: BillingService.HoldSent,
-  gauges: Operations.Gauges,
-) {
-  // The admission's refusal wins over the hold's: it is read first.
-  const permit = yield* Effect.either(Limits.admissionSent(res, admitting))
-  if (Either.isLeft(permit)) {
-    gauges.refused()
-    return yield* permit.left
-  }
-  gauges.admitted()
-  const hold = yield* Billing.heldSent(holding)
-  return { permit: permit.right, hold }
-}
 
 /**
  * Spec §5: revoking a key stops the applications using it. When the key or

@@ -269,24 +269,6 @@ export const admit = (
   })
 
 /**
- * `admit` for a quota that sends at the call (`Quota.admitSent`: Redis): the
- * wait for the decision, setting the `x-ratelimit-*` headers (on refusals
- * too). The release is the caller's, by `releaseSent`.
- */
-export const admissionSent = (
-  res: ServerResponse,
-  admitting: Quota.AdmissionSent,
-): Effect.Effect<Quota.Permit, RateLimitExceeded | ConcurrencyLimitExceeded | AdmissionUnavailable> =>
-  Effect.flatMap(admitting.admission, (admission) => {
-    if (admission._tag === "Refused") {
-      setRateHeaders(res, admission.rates)
-      return Effect.fail(admission.error)
-    }
-    setRateHeaders(res, admission.permit.rates)
-    return Effect.succeed(admission.permit)
-  })
-
-/**
  * Releases a sent admission, its script sent at the call: a request that
  * started counts even if nothing committed it yet.
  */

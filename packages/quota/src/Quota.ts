@@ -611,6 +611,16 @@ const build = (store: Store, options: QuotaOptions) =>
           } satisfies Admission
         }
       }
+      return admittedSent(request, permit, state, rates, clock)
+    }
+    /** A sent admission's permit, once the store gave it a slot: leased, committed by a plain call. */
+    const admittedSent = (
+      request: Normalized,
+      permit: string,
+      state: PermitState,
+      rates: ReadonlyArray<RateStatus>,
+      clock: Clock.Clock,
+    ): Admission => {
       if (leaseMillis !== undefined && !state.done) {
         const entry: Lease = { request, permit, state, renewedAt: clock.unsafeCurrentTimeMillis() }
         state.lease = entry
@@ -624,7 +634,7 @@ const build = (store: Store, options: QuotaOptions) =>
         commitNow,
         isCommitted: Effect.sync(() => state.committed),
       }
-      return { _tag: "Admitted", permit: permitSent } satisfies Admission
+      return { _tag: "Admitted", permit: permitSent }
     }
 
     const admitSent = (input: AdmitRequest, clock: Clock.Clock): AdmissionSent => {
@@ -635,13 +645,26 @@ const build = (store: Store, options: QuotaOptions) =>
       inFlight++
       const permit = newPermitIdNow()
       const state: PermitState = { done: false, committed: false, committedAt: undefined, lease: undefined }
-      // Sent now; every read of `reply` sees the same answer.
-      const reply = Effect.either(send.admit(request, permit))
+      // Sent now; every read of `sent` sees the same answer.
+      const sent = send.admit(request, permit)
+      const reply = Effect.either(sent)
       const maxWait = input.limits.concurrency?.maxWaitMillis ?? defaultWait
+      const decide = (first: Either.Either<AdmitOutcome, StoreUnavailable>) =>
+        Effect.uninterruptibleMask((restore) =>
+          Effect.gen(() =>
+            admissionSentBody(send, request, permit, state, Effect.succeed(first), maxWait, clock, restore),
+          ),
+        )
       return {
-        admission: Effect.uninterruptibleMask((restore) =>
-          Effect.gen(() => admissionSentBody(send, request, permit, state, reply, maxWait, clock, restore)),
-        ),
+        // Admitted at once in one step; a refusal, a queue or a failure as `admit` goes on.
+        admission: Effect.matchEffect(sent, {
+          onSuccess: (outcome) => {
+            if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
+            state.stored = true
+            return Effect.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
+          },
+          onFailure: (error) => decide(Either.left(error)),
+        }),
         committed: () => state.committed,
         release: (commit) => {
           if (state.done) return Effect.void
