@@ -15,7 +15,7 @@
  * `closeNow`: no Effect step while it holds only plain cleanups), and its
  * waits hand their cleanup to it (`asyncIn`) instead of a canceler.
  */
-import { Effect, ExecutionStrategy, type Exit, Scope } from "effect"
+import { Cause, Effect, ExecutionStrategy, Exit, Scope } from "effect"
 
 export type Cleanup = (exit: Exit.Exit<unknown, unknown>) => void
 
@@ -168,7 +168,10 @@ export const makeScopeNow = (): Scope.CloseableScope => {
  * request), they run here, at the call, newest first, and the result is an
  * Effect with nothing left to do (or, if a cleanup threw, the first error as
  * a defect, after every cleanup ran). Otherwise nothing runs until the
- * returned Effect does: it is `Scope.close`.
+ * returned Effect does: it is `Scope.close` — the same order and outcome,
+ * with the plain cleanups run by plain calls and a step only per finalizer
+ * of Effect's kind (Effect's own close walks every finalizer through a
+ * collection of exits).
  */
 export const closeNow = (
   scope: Scope.CloseableScope,
@@ -176,24 +179,60 @@ export const closeNow = (
 ): Effect.Effect<void> => {
   const state = stateOf(scope)
   if (state?._tag !== "Open") return Scope.close(scope, exit)
-  const segments: Array<Segment> = []
-  for (const finalizer of state.finalizers.values()) {
-    const segment = (finalizer as SegmentFinalizer)[SEGMENT_OF]
-    if (segment === undefined) return Scope.close(scope, exit)
-    segments.push(segment)
+  const finalizers = Array.from(state.finalizers.values()) as Array<SegmentFinalizer>
+  const plainOnly = finalizers.every((finalizer) => finalizer[SEGMENT_OF] !== undefined)
+  if (!plainOnly && !ExecutionStrategy.isSequential((scope as unknown as ScopeWithStrategy).strategy))
+    return Scope.close(scope, exit)
+  const close = () => {
+    ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
+    return closeFrom(finalizers, finalizers.length - 1, exit, undefined)
   }
-  ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
-  let error: unknown
-  let threw = false
-  for (let i = segments.length - 1; i >= 0; i--) {
+  return plainOnly ? close() : Effect.suspend(close)
+}
+
+interface ScopeWithStrategy {
+  readonly strategy: ExecutionStrategy.ExecutionStrategy
+}
+
+/**
+ * Runs `finalizers[i]` down to the first: plain cleanups by plain calls, each
+ * finalizer of Effect's kind as a step before the rest. Every one runs;
+ * failures are kept in order (a throwing cleanup as a defect).
+ */
+const closeFrom = (
+  finalizers: ReadonlyArray<SegmentFinalizer>,
+  from: number,
+  exit: Exit.Exit<unknown, unknown>,
+  failed: Cause.Cause<unknown> | undefined,
+): Effect.Effect<void> => {
+  let failure = failed
+  for (let i = from; i >= 0; i--) {
+    const finalizer = finalizers[i]!
+    const segment = finalizer[SEGMENT_OF]
+    if (segment === undefined) {
+      return Effect.flatMap(Effect.exit(Effect.suspend(() => finalizer(exit))), (result) =>
+        closeFrom(
+          finalizers,
+          i - 1,
+          exit,
+          Exit.isSuccess(result)
+            ? failure
+            : failure === undefined
+              ? result.cause
+              : Cause.sequential(failure, result.cause),
+        ),
+      )
+    }
     try {
-      runSegment(segments[i]!, exit)
+      runSegment(segment, exit)
     } catch (e) {
-      if (!threw) error = e
-      threw = true
+      // A segment's first error only, as the cleanups' own rule has it.
+      const died = Cause.die(e)
+      failure = failure === undefined ? died : Cause.sequential(failure, died)
     }
   }
-  return threw ? Effect.die(error) : Effect.void
+  // Finalizers cannot fail: what is here is defects and interruptions, as in `Scope.close`.
+  return failure === undefined ? Effect.void : Effect.failCause(failure as Cause.Cause<never>)
 }
 
 /**

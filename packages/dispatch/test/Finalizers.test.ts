@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, ExecutionStrategy, Exit, Fiber, FiberId, Scope } from "effect"
+import { Cause, Chunk, Effect, ExecutionStrategy, Exit, Fiber, FiberId, Scope } from "effect"
 import * as Finalizers from "../src/Finalizers"
 
 /** A finalizer of the scope's own (not a plain cleanup) that records its name when it runs. */
@@ -159,7 +159,7 @@ describe("Finalizers", () => {
   )
 
   it.effect(
-    "closeNow falls back to Scope.close when the scope holds a finalizer of its own, keeping the order",
+    "closeNow with a finalizer of Effect's kind runs nothing until it is run, then all in the scope's order",
     () =>
       Effect.gen(function* () {
         const scope = Finalizers.makeScopeNow()
@@ -171,6 +171,34 @@ describe("Finalizers", () => {
         expect(ran).toEqual([])
         yield* closing
         expect(ran).toEqual(["plain 2", "own", "plain 1"])
+      }),
+  )
+
+  it.effect(
+    "closeNow runs every finalizer even if one died, and ends with each defect, as Scope.close does",
+    () =>
+      Effect.gen(function* () {
+        const ran: Array<string> = []
+        const outcome = (close: (scope: Scope.CloseableScope) => Effect.Effect<void>) =>
+          Effect.gen(function* () {
+            const scope = Finalizers.makeScopeNow()
+            Finalizers.addNow(scope, () => ran.push("plain 1"))
+            yield* Scope.addFinalizer(scope, Effect.dieMessage("own 1"))
+            Finalizers.addNow(scope, () => ran.push("plain 2"))
+            Finalizers.addFinalizerNow(scope, () => Effect.sync(() => ran.push("own 2")))
+            Finalizers.addNow(scope, () => {
+              throw new Error("plain 3")
+            })
+            const exit = yield* Effect.exit(close(scope))
+            return Exit.isFailure(exit)
+              ? Cause.defects(exit.cause).pipe(Chunk.map((d) => (d as Error).message))
+              : []
+          })
+        const ours = yield* outcome((scope) => Finalizers.closeNow(scope, Exit.void))
+        const effects = yield* outcome((scope) => Scope.close(scope, Exit.void))
+        expect(ran).toEqual(["own 2", "plain 2", "plain 1", "own 2", "plain 2", "plain 1"])
+        expect([...ours]).toEqual(["plain 3", "own 1"])
+        expect([...ours]).toEqual([...effects])
       }),
   )
 
