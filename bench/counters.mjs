@@ -76,7 +76,8 @@ try {
   }
 } catch {}
 
-// Round trips: writes on sockets to the Redis port (a pipeline of commands is one write, one trip),
+// Round trips: writes that reach sockets to the Redis port (`_write`, or `_writev` for what a corked
+// socket gathered: commands sent together are one write, one trip),
 // each named by what it carries: the scripts (by SHA, named in BENCH_REDIS_SCRIPTS by the bench) or
 // else the commands, e.g. `quota.admit + billing.reserve`.
 const redisPort = Number(new URL(process.env.REDIS_URL || "redis://127.0.0.1:6379").port || 6379)
@@ -93,14 +94,26 @@ const carried = (chunk) => {
 }
 {
   const { Socket } = require("node:net")
-  const write = Socket.prototype.write
-  Socket.prototype.write = function (...args) {
-    if (this.remotePort === redisPort) {
-      counts.redisWrites++
-      const what = carried(args[0])
-      redisWritesBy[what] = (redisWritesBy[what] ?? 0) + 1
-    }
-    return write.apply(this, args)
+  const count = (socket, text) => {
+    if (socket.remotePort !== redisPort) return
+    counts.redisWrites++
+    const what = carried(text)
+    redisWritesBy[what] = (redisWritesBy[what] ?? 0) + 1
+  }
+  const write = Socket.prototype._write
+  Socket.prototype._write = function (data, ...rest) {
+    count(this, data)
+    return write.call(this, data, ...rest)
+  }
+  const writev = Socket.prototype._writev
+  Socket.prototype._writev = function (chunks, ...rest) {
+    count(
+      this,
+      chunks
+        .map(({ chunk }) => (typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("latin1")))
+        .join(""),
+    )
+    return writev.call(this, chunks, ...rest)
   }
 }
 

@@ -49,7 +49,6 @@ export const scopedClient = (url: string, options: RedisOptions): Effect.Effect<
 export const connect = (
   url: string | Redacted.Redacted,
   commandTimeoutMillis: number,
-  pipelined = false,
 ): Effect.Effect<Redis, never, Scope.Scope> =>
   Effect.gen(function* () {
     const redis = yield* scopedClient(Redacted.isRedacted(url) ? Redacted.value(url) : url, {
@@ -57,7 +56,6 @@ export const connect = (
       maxRetriesPerRequest: 1,
       commandTimeout: commandTimeoutMillis,
       connectTimeout: 2_000,
-      enableAutoPipelining: pipelined,
     })
     yield* Effect.async<void>((resume) => {
       if (redis.status === "ready") return resume(Effect.void)
@@ -81,10 +79,11 @@ const sharedClients = new Map<
 
 /**
  * `connect`, shared in this process by every user of the same URL and
- * timeout, closed with its last user's scope; commands sent in the same tick
- * go out in one write (ioredis auto-pipelining). The quota store and the
- * billing book use it, so that a request's admission and hold, and later its
- * release and settlement, each cost one round trip when sent together.
+ * timeout, closed with its last user's scope; scripts sent in one
+ * synchronous run go out in one write (`run`, `send`: `corkTurn`). The
+ * quota store and the billing book use it, so that a request's admission and
+ * hold, and later its release and settlement, each cost one round trip when
+ * sent together.
  */
 export const shared = (
   url: string | Redacted.Redacted,
@@ -99,7 +98,7 @@ export const shared = (
         return Effect.succeed(existing)
       }
       return Effect.flatMap(Scope.make(), (scope) =>
-        Effect.map(Scope.extend(connect(url, commandTimeoutMillis, true), scope), (redis) => {
+        Effect.map(Scope.extend(connect(url, commandTimeoutMillis), scope), (redis) => {
           // Another user may have connected while this one waited for its connection.
           const raced = sharedClients.get(key)
           if (raced !== undefined) {
@@ -125,6 +124,31 @@ export const shared = (
 
 const failure = (cause: unknown) =>
   new RedisFailure({ reason: String((cause as Error)?.message ?? cause), cause })
+
+/** The sockets corked until the code running now returns. */
+const corked = new WeakSet<object>()
+
+/**
+ * Holds what is written to `redis`'s socket until the code running now
+ * returns (`process.nextTick`), then sends it in one write: the scripts a
+ * request sends in one synchronous run (its admission and hold), or a batch
+ * of renewals, leave together. ioredis's auto-pipelining did it with a
+ * `Pipeline` per turn of the event loop — an object with its own promise, a
+ * per-instance accessor that kept its commands alive through young
+ * collections (~3 KB promoted per round), a `nextTick` per reply, and the
+ * commands held until `setImmediate`; corking the socket costs none of that
+ * (and a command's timeout starts when it is written, as before).
+ */
+const corkTurn = (redis: Redis) => {
+  const stream = (redis as unknown as { stream?: { cork?: () => void; uncork?: () => void } }).stream
+  if (stream === undefined || typeof stream.cork !== "function" || corked.has(stream)) return
+  stream.cork()
+  corked.add(stream)
+  process.nextTick(() => {
+    corked.delete(stream)
+    stream.uncork?.()
+  })
+}
 
 /**
  * Sends a script by its SHA at the call, and the source when Redis does not
@@ -152,10 +176,12 @@ const evalScript = <E>(
   }
   const succeed = (reply: unknown) => done(Effect.succeed(reply))
   try {
+    corkTurn(redis)
     redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
       if (!String((error as Error)?.message).startsWith("NOSCRIPT")) return fail(error)
       if (resendIf !== undefined && !resendIf()) return succeed(null)
       try {
+        corkTurn(redis)
         redis.eval(script.source, keys.length, ...keys, ...args).then(succeed, fail)
       } catch (thrown) {
         fail(thrown)

@@ -19,21 +19,28 @@ const echo = scriptOf("return ARGV[1]")
 /** An echo with a source of its own, so no earlier run has loaded it into Redis. */
 const unseenScript = () => scriptOf(`return ARGV[1] -- ${crypto.randomUUID()}`)
 
-/** Counts the writes on the client's socket while `body` runs. */
+type Writes = (...args: Array<unknown>) => unknown
+
+/** Counts the writes that reach the client's socket (one `_write` or `_writev` each) while `body` runs. */
 const writesDuring = <A, E>(client: Client, body: Effect.Effect<A, E>) =>
   Effect.suspend(() => {
-    const stream = (client as unknown as { stream: { write: (...args: Array<unknown>) => boolean } }).stream
-    const write = stream.write
+    const stream = (client as unknown as { stream: { _write: Writes; _writev: Writes } }).stream
+    const { _write: write, _writev: writev } = stream
     let writes = 0
-    stream.write = (...args) => {
+    stream._write = (...args) => {
       writes++
       return write.apply(stream, args)
+    }
+    stream._writev = (...args) => {
+      writes++
+      return writev.apply(stream, args)
     }
     return Effect.map(
       Effect.ensuring(
         body,
         Effect.sync(() => {
-          stream.write = write
+          stream._write = write
+          stream._writev = writev
         }),
       ),
       (result) => ({ result, writes }),
