@@ -151,6 +151,23 @@ describe.skipIf(pairSkipped)("limits across two instances", () => {
     })
   }, 30_000)
 
+  it("a 429 keeps its x-ratelimit headers", async () => {
+    const { key } = await createKey(a, { limits: { rpm: 2 } })
+    const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
+    expect([await ask(viaA), await ask(viaB)]).toEqual(["ok", "ok"])
+    const refused = await viaA.chat.completions
+      .create({ model: "swarm-prime", messages: MESSAGES, max_tokens: 1 })
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      )
+    expect(refused).toBeInstanceOf(OpenAI.APIError)
+    const error = refused as InstanceType<typeof OpenAI.APIError>
+    expect(error.status).toBe(429)
+    expect(error.headers?.get("x-ratelimit-limit-requests")).toBe("2")
+    expect(error.headers?.get("x-ratelimit-remaining-requests")).toBe("0")
+  }, 30_000)
+
   it("a killed instance's slot comes back within one lease", async () => {
     const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 0 } })
     const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
@@ -171,4 +188,49 @@ describe.skipIf(pairSkipped)("limits across two instances", () => {
     }
     expect(await ask(viaB)).toBe("ok")
   }, 30_000)
+})
+
+// A stream slow enough to keep a request queued behind it past a lease and a hold sweep.
+describe.skipIf(pairSkipped)("a request queued behind a slow stream, across two instances", () => {
+  let a: RunningServer
+  let b: RunningServer
+  usePair("multi-slow", { SWARMGATE_LEASE_MS: "1500", SWARMGATE_SIM_SPEED: "0.05" }, (first, second) => {
+    a = first
+    b = second
+  })
+
+  // Its hold was sent with its admission; it must stay held (renewed) while the request queues.
+  it("a request queued longer than a lease and a sweep is held and charged for what ran", async () => {
+    const { key, accountId } = await createKey(a, { balance_usd: 5, limits: { concurrency: 1, queue: 1 } })
+    const [viaA, viaB] = [a, b].map(
+      (server) => new OpenAI({ apiKey: key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 }),
+    ) as [OpenAI, OpenAI]
+    const stream = await viaA.chat.completions.create({
+      model: "swarm-prime",
+      messages: LONG,
+      max_tokens: 2000,
+      stream: true,
+    })
+    await stream[Symbol.asyncIterator]().next()
+    const queued = viaB.chat.completions.create({ model: "swarm-prime", messages: MESSAGES, max_tokens: 1 })
+    // Past the lease (1.5 s) and the hold sweeper's period (5 s).
+    await sleep(7_000)
+    const now = await b.admin<{ usage_now: { concurrency: number; queued: number } }>(
+      "GET",
+      `/accounts/${accountId}`,
+    )
+    expect(now.body.usage_now).toMatchObject({ concurrency: 1, queued: 1 })
+    stream.controller.abort()
+    const answer = await queued
+    expect(answer.object).toBe("chat.completion")
+    let usage: Array<{ request_id: string }> = []
+    for (let i = 0; i < 100 && usage.length < 2; i++) {
+      await sleep(50)
+      usage = (
+        await b.admin<{ data: Array<{ request_id: string }> }>("GET", `/usage?account_id=${accountId}`)
+      ).body.data
+    }
+    expect(usage.map((u) => u.request_id)).toContain(answer.id.replace(/^chatcmpl-/, "req_"))
+    expect(usage).toHaveLength(2)
+  }, 60_000)
 })

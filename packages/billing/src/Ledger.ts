@@ -6,7 +6,7 @@
  * transaction; the request id is the primary key of both rows, so a charge
  * can never be written twice. A batch is written by one of three paths: a
  * SQLite file's writer thread (row by row), an in-memory SQLite database's
- * own connection (one JSON parameter), PostgreSQL (multi-row inserts).
+ * own connection (one JSON parameter), PostgreSQL (one statement of data-modifying CTEs over one JSON parameter).
  */
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Database, SqliteWriter } from "@swarmgate/store"

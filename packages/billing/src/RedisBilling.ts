@@ -582,8 +582,20 @@ export const make = (
     }
 
     const reserveSent = (input: ReserveInput, now: number): HoldSent => {
-      const raw = R.send(redis, Scripts.reserve, reserveKeys(input), reserveArgs(input, now), couldNotHold)
-      const sent = Effect.map(raw, reserveReply)
+      // Placed, the hold is this instance's from its reply on (renewed, swept, resolvable), not from
+      // when its owner waits for it: a request queued for a concurrency slot may wait past a lease.
+      const raw = R.send(
+        redis,
+        Scripts.reserve,
+        reserveKeys(input),
+        reserveArgs(input, now),
+        couldNotHold,
+        undefined,
+        (reply) => {
+          const result = reserveReply(reply)
+          if (typeof result !== "string") placed(input, result, now)
+        },
+      )
       let started = false
       let resolved = false
       const resolveNow = (settlement: Settlement | undefined, at: number) =>
@@ -598,9 +610,11 @@ export const make = (
             return Effect.matchEffect(raw, {
               onSuccess: (reply) => {
                 const result = reserveReply(reply)
-                return typeof result === "string"
-                  ? Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
-                  : Effect.succeed(placed(input, result, now))
+                if (typeof result === "string")
+                  return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
+                // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
+                const hold = local.get(input.requestId)
+                return hold === undefined ? reserve(input) : Effect.succeed(hold)
               },
               onFailure: (e) => Effect.gen(() => holdSentBody(input, Effect.fail(e), now)),
             })
@@ -611,13 +625,8 @@ export const make = (
           resolved = true
           // `hold` ran to its end (uninterruptible): what it placed is in `local` (or the fallback's).
           if (started) return resolveNow(settlement, at)
-          // It never ran: the first answer alone says whether a hold was placed.
-          return Effect.flatMap(Effect.either(sent), (reply) => {
-            if (reply._tag === "Left" || typeof reply.right === "string" || local.has(input.requestId))
-              return Effect.succeed(undefined)
-            placed(input, reply.right, now)
-            return resolveNow(settlement, at)
-          })
+          // It never ran: once the answer is in, `local` has the hold if one was placed.
+          return Effect.flatMap(Effect.exit(raw), () => resolveNow(settlement, at))
         },
       }
     }

@@ -664,6 +664,35 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
   suite("SQLite, holds sent at the call", Database.layer("sqlite::memory:"), sent)
 
   layer(Database.layer("sqlite::memory:"), { timeout: "120 seconds" })("a hold sent at the call", (it) => {
+    // The gateway sends the hold with the admission, then may wait in the admission's queue first.
+    it.scoped("is renewed from its reply on, while its owner has not waited for it yet", () =>
+      Effect.gen(function* () {
+        yield* TestClock.setTime(NOW)
+        const account = yield* seed(100_000)
+        const book = yield* RedisBilling.make({
+          prices: PRICES,
+          shutdownWaitMillis: 0,
+          url,
+          prefix,
+          leaseMillis: 1_000,
+        })
+        const money = Effect.map(book.accountMoney([account.accountId]), (m) => m.get(account.accountId))
+        const now = yield* Clock.currentTimeMillis
+        const holding = book.reserveSent!(request(account), now)
+        yield* eventually(Effect.map(money, (m) => m?.heldMicros === 11_000))
+        // Three leases pass (the renewer runs every third of one), then the sweeper.
+        for (let i = 0; i < 9; i++) {
+          yield* TestClock.adjust("333 millis")
+          yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 20)))
+        }
+        expect(yield* book.expire).toBe(0)
+        expect((yield* holding.hold).amountMicros).toBe(11_000)
+        expect((yield* money)?.heldMicros).toBe(11_000)
+        const entry = yield* holding.resolve({ completionTokens: 7, outcome: "completed" }, now)
+        expect(entry?.costMicros).toBe(2_400)
+      }),
+    )
+
     it.scoped("is resolved once by its owner: settled, or voided — also when nothing waited for it", () =>
       Effect.gen(function* () {
         yield* TestClock.setTime(NOW)

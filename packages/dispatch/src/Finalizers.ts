@@ -129,11 +129,12 @@ export const addNow = (scope: Scope.Scope, cleanup: Cleanup): void => {
  * step before its finalizer is in place (what it just sent must be undone
  * whatever happens next). On a scope of another kind through
  * `Scope.addFinalizerExit`; on a closed scope, run at once on a fiber of its
- * own.
+ * own (the default runtime's).
  */
 export const addFinalizerNow = (scope: Scope.Scope, finalizer: Finalizer): void => {
   const state = stateOf(scope)
-  if (state === undefined) Effect.runSync(Scope.addFinalizerExit(scope, finalizer))
+  // Another kind of scope: added as it adds (a closed one runs the finalizer, perhaps not at once).
+  if (state === undefined) Effect.runFork(Scope.addFinalizerExit(scope, finalizer))
   else if (state._tag === "Open") state.finalizers.set({}, finalizer)
   else Effect.runFork(finalizer(state.exit))
 }
@@ -180,14 +181,21 @@ export const closeNow = (
   const state = stateOf(scope)
   if (state?._tag !== "Open") return Scope.close(scope, exit)
   const finalizers = Array.from(state.finalizers.values()) as Array<SegmentFinalizer>
-  const plainOnly = finalizers.every((finalizer) => finalizer[SEGMENT_OF] !== undefined)
-  if (!plainOnly && !ExecutionStrategy.isSequential((scope as unknown as ScopeWithStrategy).strategy))
-    return Scope.close(scope, exit)
-  const close = () => {
+  if (finalizers.every((finalizer) => finalizer[SEGMENT_OF] !== undefined)) {
     ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
     return closeFrom(finalizers, finalizers.length - 1, exit, undefined)
   }
-  return plainOnly ? close() : Effect.suspend(close)
+  if (!ExecutionStrategy.isSequential((scope as unknown as ScopeWithStrategy).strategy))
+    return Scope.close(scope, exit)
+  // Read when it runs, as `Scope.close` does: a finalizer added before then runs too, and a second
+  // run finds the scope closed.
+  return Effect.suspend(() => {
+    const current = stateOf(scope)
+    if (current?._tag !== "Open") return Effect.void
+    const all = Array.from(current.finalizers.values()) as Array<SegmentFinalizer>
+    ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
+    return closeFrom(all, all.length - 1, exit, undefined)
+  })
 }
 
 interface ScopeWithStrategy {

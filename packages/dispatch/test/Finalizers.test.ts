@@ -202,6 +202,30 @@ describe("Finalizers", () => {
       }),
   )
 
+  for (const [name, close] of [
+    ["Scope.close", Scope.close],
+    ["closeNow", Finalizers.closeNow],
+  ] as const) {
+    it.effect(`${name}: a finalizer added before its Effect runs runs too; a second run runs nothing`, () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        let ran = 0
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran++),
+        )
+        const closing = close(scope, Exit.void)
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => ran++),
+        )
+        yield* closing
+        yield* closing
+        expect(ran).toBe(2)
+      }),
+    )
+  }
+
   it.effect(
     "closeNow runs every cleanup even if one threw, then fails with the first error as a defect",
     () =>

@@ -237,16 +237,21 @@ const admitAndHold = (
     // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
     const input = Billing.reserveInput(principal, requestId, request, waitMillis)
     const admittingSent = admitSent(admission, clock)
-    const holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
-    // In place before any step: whatever happens next, both are undone or resolved — in one write too.
+    let permitted = false
+    let holding: BillingService.HoldSent | undefined
+    // In place before anything else can happen (the hold's send included): whatever happens next,
+    // both are undone or resolved — in one write too, and each even if the other dies.
     Finalizers.addFinalizerNow(scope, (exit) =>
-      Effect.suspend(() =>
-        Effect.zipRight(
-          Limits.releaseSent(res, admittingSent, outcome),
-          Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
-        ),
+      bothRun(
+        () => Limits.releaseSent(res, admittingSent, outcome, permitted),
+        () =>
+          holding === undefined
+            ? Effect.void
+            : Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
       ),
     )
+    holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
+    const held = holding
     // The admission's refusal wins over the hold's: it is read first.
     return Effect.matchEffect(admittingSent.admission, {
       onFailure: (error) => {
@@ -254,23 +259,53 @@ const admitAndHold = (
         return Effect.fail(error)
       },
       onSuccess: (
-        admitted,
+        decided,
       ): Effect.Effect<
         { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
         Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
       > => {
-        if (admitted._tag === "Refused") {
-          Limits.setRateHeaders(res, admitted.rates)
+        if (decided._tag === "Refused") {
+          Limits.setRateHeaders(res, decided.rates)
           gauges.refused()
-          return Effect.fail(admitted.error)
+          return Effect.fail(decided.error)
         }
-        const { permit } = admitted
+        permitted = true
+        const { permit } = decided
         Limits.setRateHeaders(res, permit.rates)
         gauges.admitted()
-        return Effect.map(Billing.heldSent(holding), (hold) => ({ permit, hold }))
+        return Effect.map(Billing.heldSent(held), (hold) => ({ permit, hold }))
       },
     })
   })
+
+/**
+ * Both Effects made and run, each even if the other's making threw or its
+ * run died: the failures, in order, are the result.
+ */
+const bothRun = (
+  first: () => Effect.Effect<void>,
+  second: () => Effect.Effect<void>,
+): Effect.Effect<void> => {
+  const made = (make: () => Effect.Effect<void>) => {
+    try {
+      return Effect.exit(make())
+    } catch (thrown) {
+      return Effect.exit(Effect.die(thrown))
+    }
+  }
+  // Both made (so both sent) before either is waited for.
+  const a = made(first)
+  const b = made(second)
+  return Effect.flatMap(a, (ea) =>
+    Effect.flatMap(b, (eb) =>
+      Exit.isSuccess(ea)
+        ? eb
+        : Exit.isSuccess(eb)
+          ? ea
+          : Effect.failCause(Cause.sequential(ea.cause, eb.cause)),
+    ),
+  )
+}
 
 /**
  * Spec §5: revoking a key stops the applications using it. When the key or

@@ -270,15 +270,18 @@ export const admit = (
 
 /**
  * Releases a sent admission, its script sent at the call: a request that
- * started counts even if nothing committed it yet.
+ * started counts even if nothing committed it yet, and one `admitted` but
+ * not counted (refused later: billing, dispatch) shows no counts it did not
+ * use; a refusal's own headers stay.
  */
 export const releaseSent = (
   res: ServerResponse,
   admitting: Quota.AdmissionSent,
   outcome: Pick<Outcome, "started">,
+  admitted: boolean,
 ): Effect.Effect<void> => {
   const released = admitting.release(outcome.started)
-  dropRateHeadersUnlessCounted(res, admitting.committed())
+  if (admitted) dropRateHeadersUnlessCounted(res, admitting.committed())
   return released
 }
 

@@ -7,7 +7,7 @@
  * were never committed — so a request refused later leaves no trace.
  */
 import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Fiber, Layer, Runtime, Scope } from "effect"
+import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -15,7 +15,7 @@ import {
   type RateState,
   rateParams,
 } from "./internal/Algorithm"
-import type { AdmitOutcome, Normalized, Store, StoreUnavailable } from "./internal/Store"
+import { type AdmitOutcome, type Normalized, type Store, StoreUnavailable } from "./internal/Store"
 import * as MemoryStore from "./stores/Memory"
 import * as RedisStore from "./stores/Redis"
 
@@ -330,8 +330,8 @@ interface PermitState {
   committedAt: number | undefined
   /** Its lease while the shared renewer keeps it (a remote store's permit). */
   lease: Lease | undefined
-  /** Sent admissions (`admitSent`): whether the store holds anything for it, once its reply was read. */
-  stored?: boolean | undefined
+  /** Sent admissions (`admitSent`): the store's answer, once read. */
+  answer?: Either.Either<AdmitOutcome, StoreUnavailable> | undefined
 }
 
 /** A running permit whose lease the store would let lapse unless renewed. */
@@ -562,8 +562,16 @@ const build = (store: Store, options: QuotaOptions) =>
         warn("release"),
       )
     }
-    const holdsSlotOrUnits = (reply: Either.Either<AdmitOutcome, StoreUnavailable>) =>
-      Either.isRight(reply) && (reply.right._tag === "Admitted" || reply.right._tag === "Queued")
+    /** The store holds a slot or reservations for the permit. */
+    const holds = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) =>
+      Either.isRight(answer) && (answer.right._tag === "Admitted" || answer.right._tag === "Queued")
+    /**
+     * Worth a release: it holds, or nobody knows (a failure — the script may have run, a timed-out
+     * reply — and releasing what is not held changes nothing).
+     */
+    const mayHold = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) =>
+      Either.isLeft(answer) || holds(answer)
+    const unreadable = new StoreUnavailable({ reason: "the admission's reply could not be read" })
 
     // Declared once per service, like `admitNormalizedBody`.
     function* admissionSentBody(
@@ -577,11 +585,11 @@ const build = (store: Store, options: QuotaOptions) =>
       restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>,
     ) {
       const first = yield* reply
-      state.stored = holdsSlotOrUnits(first)
+      state.answer = first
       if (Either.isLeft(first)) {
         yield* warn("admit")(first.left)
         if (!failOpen) {
-          yield* finishSent(send, request, permit, state, false, clock.unsafeCurrentTimeMillis())
+          yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
           return yield* Effect.fail(storeDown)
         }
         return { _tag: "Admitted", permit: openPermit } satisfies Admission
@@ -649,7 +657,6 @@ const build = (store: Store, options: QuotaOptions) =>
       const state: PermitState = { done: false, committed: false, committedAt: undefined, lease: undefined }
       // Sent now; every read of `sent` sees the same answer.
       const sent = send.admit(request, permit)
-      const reply = Effect.either(sent)
       const maxWait = input.limits.concurrency?.maxWaitMillis ?? defaultWait
       const decide = (first: Either.Either<AdmitOutcome, StoreUnavailable>) =>
         Effect.uninterruptibleMask((restore) =>
@@ -662,7 +669,7 @@ const build = (store: Store, options: QuotaOptions) =>
         admission: Effect.matchEffect(sent, {
           onSuccess: (outcome) => {
             if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
-            state.stored = true
+            state.answer = Either.right(outcome)
             return Effect.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
           },
           onFailure: (error) => decide(Either.left(error)),
@@ -670,14 +677,16 @@ const build = (store: Store, options: QuotaOptions) =>
         committed: () => state.committed,
         release: (commit) => {
           if (state.done) return Effect.void
-          const release = (stored: boolean) => {
+          const release = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) => {
             const now = clock.unsafeCurrentTimeMillis()
-            if (commit && stored) commitDeferred(state, now)
-            return finishSent(send, request, permit, state, stored, now)
+            if (commit && holds(answer)) commitDeferred(state, now)
+            return finishSent(send, request, permit, state, mayHold(answer), now)
           }
-          if (state.stored !== undefined) return release(state.stored)
-          // The decision was never read (the caller stopped before it): read it, then release.
-          return Effect.flatMap(reply, (first) => release(holdsSlotOrUnits(first)))
+          if (state.answer !== undefined) return release(state.answer)
+          // The answer was never read (the caller stopped before it): read it, then release.
+          return Effect.flatMap(Effect.exit(sent), (exit) =>
+            release(Exit.isSuccess(exit) ? Either.right(exit.value) : Either.left(unreadable)),
+          )
         },
       }
     }

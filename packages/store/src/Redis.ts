@@ -165,6 +165,8 @@ const evalScript = <E>(
   args: ReadonlyArray<string | number>,
   mapFailure: (failure: RedisFailure) => E,
   resendIf: (() => boolean) | undefined,
+  /** What a reply becomes (by default the reply itself). */
+  replied: ((reply: unknown) => Effect.Effect<unknown, E>) | undefined,
   done: (outcome: Effect.Effect<unknown, E>) => void,
 ): void => {
   const fail = (cause: unknown) => {
@@ -176,7 +178,7 @@ const evalScript = <E>(
     }
     done(Effect.fail(error))
   }
-  const succeed = (reply: unknown) => done(Effect.succeed(reply))
+  const succeed = (reply: unknown) => done(replied === undefined ? Effect.succeed(reply) : replied(reply))
   try {
     corkTurn(redis)
     redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
@@ -207,7 +209,9 @@ export const run = <E = RedisFailure>(
   mapFailure: (failure: RedisFailure) => E = (f) => f as E,
   resendIf?: () => boolean,
 ): Effect.Effect<unknown, E> =>
-  Effect.async<unknown, E>((resume) => evalScript(redis, script, keys, args, mapFailure, resendIf, resume))
+  Effect.async<unknown, E>((resume) =>
+    evalScript(redis, script, keys, args, mapFailure, resendIf, undefined, resume),
+  )
 
 /**
  * `run`, sent now: the script leaves at the call — with whatever else is sent
@@ -224,10 +228,23 @@ export const send = <E = RedisFailure>(
   args: ReadonlyArray<string | number>,
   mapFailure: (failure: RedisFailure) => E = (f) => f as E,
   resendIf?: () => boolean,
+  /** Called with the reply as it arrives, whether or not anything waits for it (a throw: a defect). */
+  onReply?: (reply: unknown) => void,
 ): Effect.Effect<unknown, E> => {
   let outcome: Effect.Effect<unknown, E> | undefined
   let waiting: Array<(outcome: Effect.Effect<unknown, E>) => void> | undefined
-  evalScript(redis, script, keys, args, mapFailure, resendIf, (result) => {
+  const reply =
+    onReply === undefined
+      ? undefined
+      : (value: unknown): Effect.Effect<unknown, E> => {
+          try {
+            onReply(value)
+            return Effect.succeed(value)
+          } catch (thrown) {
+            return Effect.die(thrown)
+          }
+        }
+  evalScript(redis, script, keys, args, mapFailure, resendIf, reply, (result) => {
     outcome = result
     const resumes = waiting
     waiting = undefined
