@@ -18,6 +18,10 @@ const MESSAGES = [{ role: "user" as const, content: "Name a river." }]
 const LONG = [{ role: "user" as const, content: "Write a long, detailed essay about every river of Europe." }]
 const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
 
+/** A stream that runs on (2,000 tokens of the simulator) until aborted. */
+const longStream = (client: OpenAI) =>
+  client.chat.completions.create({ model: "swarm-prime", messages: LONG, max_tokens: 2000, stream: true })
+
 describe.skipIf(pairSkipped)("limits across two instances", () => {
   let a: RunningServer
   let b: RunningServer
@@ -73,12 +77,7 @@ describe.skipIf(pairSkipped)("limits across two instances", () => {
   it("the concurrency limit and its queue hold for the pair", async () => {
     const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 1 } })
     const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
-    const stream = await viaA.chat.completions.create({
-      model: "swarm-prime",
-      messages: LONG,
-      max_tokens: 2000,
-      stream: true,
-    })
+    const stream = await longStream(viaA)
     await stream[Symbol.asyncIterator]().next()
     // B's request waits in the account's queue for A's slot; a third finds the queue full.
     const queued = ask(viaB)
@@ -171,12 +170,7 @@ describe.skipIf(pairSkipped)("limits across two instances", () => {
   it("a killed instance's slot comes back within one lease", async () => {
     const { key, accountId } = await createKey(a, { limits: { concurrency: 1, queue: 0 } })
     const [viaA, viaB] = clients(key) as [OpenAI, OpenAI]
-    const stream = await viaA.chat.completions.create({
-      model: "swarm-prime",
-      messages: LONG,
-      max_tokens: 2000,
-      stream: true,
-    })
+    const stream = await longStream(viaA)
     await stream[Symbol.asyncIterator]().next()
     expect(await ask(viaB)).toBe("concurrency_limit_exceeded")
     a.process.kill("SIGKILL")
@@ -205,12 +199,7 @@ describe.skipIf(pairSkipped)("a request queued behind a slow stream, across two 
     const [viaA, viaB] = [a, b].map(
       (server) => new OpenAI({ apiKey: key, baseURL: `${server.baseUrl}/v1`, maxRetries: 0 }),
     ) as [OpenAI, OpenAI]
-    const stream = await viaA.chat.completions.create({
-      model: "swarm-prime",
-      messages: LONG,
-      max_tokens: 2000,
-      stream: true,
-    })
+    const stream = await longStream(viaA)
     await stream[Symbol.asyncIterator]().next()
     const queued = viaB.chat.completions.create({ model: "swarm-prime", messages: MESSAGES, max_tokens: 1 })
     // Past the lease (1.5 s) and the hold sweeper's period (5 s).

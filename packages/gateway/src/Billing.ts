@@ -35,6 +35,23 @@ export const usageOutcome = (
 const unavailable = () =>
   new AdmissionUnavailable({ message: "The service cannot accept the request now.", retryAfterSeconds: 1 })
 
+/** What ran, as billing records it: settled from `outcome` (by `settled`), or voided when nothing started. */
+const resolveOutcome = (
+  outcome: Outcome,
+  exit: Exit.Exit<unknown, unknown>,
+  voided: () => Effect.Effect<unknown>,
+  settled: (settlement: Billing.Settlement) => Effect.Effect<Ledger.UsageEntry | undefined>,
+  onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
+): Effect.Effect<void> => {
+  const ended = usageOutcome(outcome, exit)
+  if (ended === "void") return Effect.asVoid(voided())
+  const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
+  const entry = settled(settlement)
+  return onSettled === undefined
+    ? Effect.asVoid(entry)
+    : Effect.map(entry, (charged) => onSettled(settlement, charged))
+}
+
 /** What ran, as billing records it: settled from `outcome`, or voided when nothing started. */
 export const settleOutcome = (
   billing: Billing.BillingShape,
@@ -42,35 +59,30 @@ export const settleOutcome = (
   outcome: Outcome,
   exit: Exit.Exit<unknown, unknown>,
   onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
-): Effect.Effect<void> => {
-  const ended = usageOutcome(outcome, exit)
-  if (ended === "void") return Effect.asVoid(billing.void(requestId))
-  const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
-  const settled = billing.settle(requestId, settlement)
-  return onSettled === undefined
-    ? Effect.asVoid(settled)
-    : Effect.map(settled, (entry) => onSettled(settlement, entry))
-}
+): Effect.Effect<void> =>
+  resolveOutcome(
+    outcome,
+    exit,
+    () => billing.void(requestId),
+    (settlement) => billing.settle(requestId, settlement),
+    onSettled,
+  )
 
-/**
- * A sent hold's resolution from `outcome` (settled, or voided when nothing
- * started), its script sent at the call.
- */
+/** `settleOutcome` for a sent hold, its script sent at the call. */
 export const resolveSent = (
   holding: Billing.HoldSent,
   outcome: Outcome,
   exit: Exit.Exit<unknown, unknown>,
   now: number,
   onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
-): Effect.Effect<void> => {
-  const ended = usageOutcome(outcome, exit)
-  if (ended === "void") return Effect.asVoid(holding.resolve(undefined, now))
-  const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
-  const settled = holding.resolve(settlement, now)
-  return onSettled === undefined
-    ? Effect.asVoid(settled)
-    : Effect.map(settled, (entry) => onSettled(settlement, entry))
-}
+): Effect.Effect<void> =>
+  resolveOutcome(
+    outcome,
+    exit,
+    () => holding.resolve(undefined, now),
+    (settlement) => holding.resolve(settlement, now),
+    onSettled,
+  )
 
 /** The wait for a sent hold; storage trouble is the service's (503), not the caller's. */
 export const heldSent = (

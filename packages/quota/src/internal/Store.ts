@@ -129,13 +129,8 @@ export interface Store {
    */
   readonly send?:
     | {
-        readonly admit: (request: Normalized, permit: string) => Effect.Effect<AdmitOutcome, StoreUnavailable>
-        readonly release: (
-          request: Normalized,
-          permit: string,
-          committed: boolean,
-          commitAgoMicros?: number,
-        ) => Effect.Effect<void, StoreUnavailable>
+        readonly admit: Store["admit"]
+        readonly release: Store["release"]
       }
     | undefined
   /** Current state without changing it; the request's rates are read for each of `resources`. */
