@@ -21,7 +21,7 @@
  */
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Database, Redis as R } from "@swarmgate/store"
-import { Clock, type ConfigError, Effect, Layer, type Redacted, Scope } from "effect"
+import { Clock, type ConfigError, Effect, Exit, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
 import {
   type AccountMoney,
@@ -597,6 +597,7 @@ export const make = (
         },
       )
       let started = false
+      let firstFailed = false
       let resolved = false
       const resolveNow = (settlement: Settlement | undefined, at: number) =>
         settlement === undefined
@@ -616,7 +617,10 @@ export const make = (
                 const hold = local.get(input.requestId)
                 return hold === undefined ? reserve(input) : Effect.succeed(hold)
               },
-              onFailure: (e) => Effect.gen(() => holdSentBody(input, Effect.fail(e), now)),
+              onFailure: (e) => {
+                firstFailed = true
+                return Effect.gen(() => holdSentBody(input, Effect.fail(e), now))
+              },
             })
           }),
         ),
@@ -624,9 +628,20 @@ export const make = (
           if (resolved) return Effect.succeed(undefined)
           resolved = true
           // `hold` ran to its end (uninterruptible): what it placed is in `local` (or the fallback's).
-          if (started) return resolveNow(settlement, at)
-          // It never ran: once the answer is in, `local` has the hold if one was placed.
-          return Effect.flatMap(Effect.exit(raw), () => resolveNow(settlement, at))
+          if (started && !firstFailed) return resolveNow(settlement, at)
+          // Otherwise once the answer is in (not interruptible: the hold may be placed meanwhile).
+          return Effect.uninterruptible(
+            Effect.flatMap(Effect.exit(raw), (answer) => {
+              const { requestId } = input
+              if (Exit.isSuccess(answer) || local.has(requestId) || fallbackHolds.has(requestId))
+                return resolveNow(settlement, at)
+              // No answer (a timeout): the script may have run. Voiding what is not held changes nothing.
+              // Sent, not waited for: a stalled Redis must not hold the request's error up another
+              // command timeout (if it fails too, a placed hold lapses within its lease).
+              R.send(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId])
+              return Effect.succeed(undefined)
+            }),
+          )
         },
       }
     }

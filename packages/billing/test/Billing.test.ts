@@ -693,6 +693,23 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
       }),
     )
 
+    it.scoped("is voided even if its owner's resolution is interrupted while the answer is on its way", () =>
+      Effect.gen(function* () {
+        yield* TestClock.setTime(NOW)
+        const account = yield* seed(100_000)
+        const book = yield* redis({ prices: PRICES, shutdownWaitMillis: 0 })
+        const money = Effect.map(book.accountMoney([account.accountId]), (m) => m.get(account.accountId))
+        const now = yield* Clock.currentTimeMillis
+        const holding = book.reserveSent!(request(account), now)
+        const resolving = yield* Effect.fork(holding.resolve(undefined, now))
+        yield* Effect.yieldNow()
+        yield* Fiber.interrupt(resolving)
+        expect(yield* holding.resolve(undefined, now)).toBeUndefined()
+        expect((yield* money)?.heldMicros).toBe(0)
+        expect((yield* book.pending).holds).toBe(0)
+      }),
+    )
+
     it.scoped("is resolved once by its owner: settled, or voided — also when nothing waited for it", () =>
       Effect.gen(function* () {
         yield* TestClock.setTime(NOW)

@@ -543,24 +543,26 @@ const build = (store: Store, options: QuotaOptions) =>
       state.committed = true
       state.committedAt = now
     }
-    /** The permit's end, its release sent at the call (once; `stored`: the store holds something). */
+    /**
+     * The permit's end, its release sent at the call (once) as `answer` calls for it: waited for
+     * when the store holds something; sent and not waited for when nobody knows (the store did not
+     * answer: a stalled Redis must not hold the request's error up another command timeout).
+     */
     const finishSent = (
       send: NonNullable<Store["send"]>,
       request: Normalized,
       permit: string,
       state: PermitState,
-      stored: boolean,
+      answer: Either.Either<AdmitOutcome, StoreUnavailable>,
       now: number,
     ): Effect.Effect<void> => {
       if (state.done) return Effect.void
       state.done = true
       inFlight--
       unlease(state)
-      if (!stored) return Effect.void
-      return Effect.catchAll(
-        send.release(request, permit, state.committed, commitAgo(state, now)),
-        warn("release"),
-      )
+      if (!mayHold(answer)) return Effect.void
+      const released = send.release(request, permit, state.committed, commitAgo(state, now))
+      return holds(answer) ? Effect.catchAll(released, warn("release")) : Effect.void
     }
     /** The store holds a slot or reservations for the permit. */
     const holds = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) =>
@@ -589,7 +591,7 @@ const build = (store: Store, options: QuotaOptions) =>
       if (Either.isLeft(first)) {
         yield* warn("admit")(first.left)
         if (!failOpen) {
-          yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
+          yield* finishSent(send, request, permit, state, first, clock.unsafeCurrentTimeMillis())
           return yield* Effect.fail(storeDown)
         }
         return { _tag: "Admitted", permit: openPermit } satisfies Admission
@@ -597,7 +599,7 @@ const build = (store: Store, options: QuotaOptions) =>
       const outcome = first.right
       const rates = outcome.rates.map(rateStatus)
       if (outcome._tag === "RateLimited" || outcome._tag === "ConcurrencyLimited") {
-        yield* finishSent(send, request, permit, state, false, clock.unsafeCurrentTimeMillis())
+        yield* finishSent(send, request, permit, state, first, clock.unsafeCurrentTimeMillis())
         const error =
           outcome._tag === "RateLimited"
             ? rateRefusal(request, outcome.limit, outcome.waitMicros)
@@ -609,11 +611,11 @@ const build = (store: Store, options: QuotaOptions) =>
         if (Either.isLeft(waited)) {
           yield* warn("queue")(waited.left)
           if (!failOpen) {
-            yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
+            yield* finishSent(send, request, permit, state, first, clock.unsafeCurrentTimeMillis())
             return yield* Effect.fail(storeDown)
           }
         } else if (waited.right._tag === "TimedOut") {
-          yield* finishSent(send, request, permit, state, true, clock.unsafeCurrentTimeMillis())
+          yield* finishSent(send, request, permit, state, first, clock.unsafeCurrentTimeMillis())
           return {
             _tag: "Refused",
             error: concurrencyRefusal(waited.right.waitMicros),
@@ -680,12 +682,15 @@ const build = (store: Store, options: QuotaOptions) =>
           const release = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) => {
             const now = clock.unsafeCurrentTimeMillis()
             if (commit && holds(answer)) commitDeferred(state, now)
-            return finishSent(send, request, permit, state, mayHold(answer), now)
+            return finishSent(send, request, permit, state, answer, now)
           }
           if (state.answer !== undefined) return release(state.answer)
-          // The answer was never read (the caller stopped before it): read it, then release.
-          return Effect.flatMap(Effect.exit(sent), (exit) =>
-            release(Exit.isSuccess(exit) ? Either.right(exit.value) : Either.left(unreadable)),
+          // The answer was never read (the caller stopped before it): read it, then release — not
+          // interruptibly, or the release would be lost.
+          return Effect.uninterruptible(
+            Effect.flatMap(Effect.exit(sent), (exit) =>
+              release(Exit.isSuccess(exit) ? Either.right(exit.value) : Either.left(unreadable)),
+            ),
           )
         },
       }
