@@ -463,16 +463,12 @@ describe("decodeCommon: the hand check of the common request", () => {
     )
     .map((b) => JSON.parse(JSON.stringify(b)) as unknown)
 
-  it("gives exactly what the schema gives wherever it answers, and answers for most valid bodies", () => {
-    let answered = 0
-    let valid = 0
+  it("gives exactly what the schema gives wherever it answers", () => {
     fc.assert(
       fc.property(body, (b) => {
         const common = decodeCommon(b)
-        const full = schemaDecode(b)
-        if (Either.isRight(full)) valid++
         if (common === undefined) return
-        answered++
+        const full = schemaDecode(b)
         expect(Either.isRight(full)).toBe(true)
         if (Either.isRight(full)) {
           expect(common).toStrictEqual(full.right)
@@ -481,6 +477,19 @@ describe("decodeCommon: the hand check of the common request", () => {
       }),
       { numRuns: 3000 },
     )
+  })
+
+  // A count, not a property: over a fixed sample (a random one holds ~17 valid bodies in 3,000, too
+  // few for a ratio that must not fail by chance).
+  it("answers for most valid bodies", () => {
+    let answered = 0
+    let valid = 0
+    for (const b of fc.sample(body, { numRuns: 20_000, seed: 14 })) {
+      if (Either.isLeft(schemaDecode(b))) continue
+      valid++
+      if (decodeCommon(b) !== undefined) answered++
+    }
+    expect(valid).toBeGreaterThan(50)
     expect(answered).toBeGreaterThan(valid / 4)
   })
 
