@@ -103,6 +103,8 @@ export const reserveInput = (
   requestId: string,
   request: NormalizedRequest,
   waitMillis = 0,
+  /** Beyond the preset's time limit and the grace: a hold placed before a queue wait lives that much longer. */
+  queuedMillis = 0,
 ): Billing.ReserveInput => ({
   requestId,
   accountId: principal.account.id,
@@ -113,7 +115,7 @@ export const reserveInput = (
   paymentHold: principal.account.paymentHold,
   monthlySpendLimitMicros: principal.account.monthlySpendLimitMicros,
   keySpendLimitMicros: principal.key.spendLimitMicros,
-  ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS,
+  ttlMillis: request.preset.timeoutMillis + HOLD_GRACE_MILLIS + queuedMillis,
   waitMillis,
 })
 

@@ -236,9 +236,8 @@ const admitAndHold = (
     }
     // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
     // The hold is placed before a queue wait for a slot, so it lives that much longer.
-    const input = Billing.reserveInput(principal, requestId, request, waitMillis)
     const queueWait = admission.limits.concurrency?.maxWaitMillis ?? 0
-    const sentInput = queueWait === 0 ? input : { ...input, ttlMillis: input.ttlMillis + queueWait }
+    const input = Billing.reserveInput(principal, requestId, request, waitMillis, queueWait)
     const admittingSent = admitSent(admission, clock)
     let permitted = false
     let holding: BillingService.HoldSent | undefined
@@ -253,7 +252,7 @@ const admitAndHold = (
             : Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
       ),
     )
-    holding = reserveSent(sentInput, clock.unsafeCurrentTimeMillis())
+    holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
     const held = holding
     // The admission's refusal wins over the hold's: it is read first.
     return Effect.matchEffect(admittingSent.admission, {

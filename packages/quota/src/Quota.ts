@@ -179,8 +179,6 @@ export interface QuotaShape {
   ) => Effect.Effect<Usage, AdmissionUnavailable>
   /** Requests admitted (or queued) by this instance and not yet released. */
   readonly inFlight: Effect.Effect<number>
-  /** The store is remote (Redis): every admission and release is a round trip. */
-  readonly remote: boolean
 }
 
 export class Quota extends Context.Tag("@swarmgate/quota/Quota")<Quota, QuotaShape>() {}
@@ -769,7 +767,6 @@ const build = (store: Store, options: QuotaOptions) =>
           Effect.catchTag("StoreUnavailable", () => Effect.fail(storeDown)),
         ),
       inFlight: Effect.sync(() => inFlight),
-      remote: store.remote,
       admitSent: sendNow === undefined ? undefined : admitSent,
     }
     const stopRenewals = Effect.suspend(() =>

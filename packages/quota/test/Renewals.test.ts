@@ -24,7 +24,6 @@ const recordingStore = (dying: Set<string> = new Set()) => {
   const note = (what: Sent["what"], subject: string) =>
     Effect.flatMap(Clock.currentTimeMillis, (at) => Effect.sync(() => sent.push({ what, subject, at })))
   const store: Store = {
-    remote: true,
     leaseMillis: LEASE,
     admit: () => Effect.succeed({ _tag: "Admitted", rates: [] }),
     awaitSlot: () => Effect.succeed({ _tag: "Acquired" }),

@@ -78,8 +78,6 @@ export interface StoreNow {
 export interface Store {
   /** Present when every decision can be made synchronously. */
   readonly now?: StoreNow | undefined
-  /** A remote store: its operations are round trips. */
-  readonly remote: boolean
   /** How long a slot or reservation survives without renewal; undefined when nothing can be orphaned. */
   readonly leaseMillis: number | undefined
   /** Checks rates and quotas, reserves them and takes a slot or a queue place, all or nothing. */

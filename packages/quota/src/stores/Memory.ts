@@ -306,7 +306,6 @@ export const make = (): Effect.Effect<Store> =>
       })
 
     const store: Store = {
-      remote: false,
       leaseMillis: undefined,
       admit,
       awaitSlot,

@@ -285,7 +285,6 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
     }
 
     const store: Store = {
-      remote: true,
       leaseMillis,
       admit,
       send,
