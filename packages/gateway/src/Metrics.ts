@@ -1,14 +1,15 @@
 /**
  * Prometheus metrics (prom-client), served as text on `GET /metrics`.
  *
- * The hot path only increments pre-bound children: label values come from
- * small closed sets (preset ids, HTTP statuses, catalogue codes), and each
- * combination's child is bound once and cached. Node states and dependency
+ * The hot path only adds to plain numbers (PlainMetrics.ts): label values
+ * come from small closed sets (preset ids, HTTP statuses, catalogue codes),
+ * and each combination's child is made once and found by a string key. Node states and dependency
  * figures are read when scraped or by the background probe, never per request.
  */
 import { Dispatcher } from "@swarmgate/dispatch"
 import { Context, Effect, Layer, Option, type Redacted } from "effect"
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
+import { collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client"
+import { CounterFamily, HistogramFamily, PlainGauge } from "./PlainMetrics"
 
 /** What one finished request contributes; see `RequestLog.RequestRecord`. */
 export interface Observation {
@@ -53,54 +54,55 @@ export const make = (options: MetricsOptions = {}): MetricsShape => {
   if (options.processMetrics ?? true) collectDefaultMetrics({ register: registry, prefix: "swarmgate_" })
   const registers = [registry]
 
-  const requests = new Counter({
-    name: "swarmgate_requests_total",
-    help: "Finished requests by route, model (preset), HTTP status and error code (empty on success).",
-    labelNames: ["route", "model", "status", "code"] as const,
-    registers,
-  })
-  const ttft = new Histogram({
-    name: "swarmgate_time_to_first_token_seconds",
-    help: "From the request's arrival to the node's first token, chat completions that reached a node.",
-    labelNames: ["model"] as const,
-    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60],
-    registers,
-  })
-  const duration = new Histogram({
-    name: "swarmgate_request_duration_seconds",
-    help: "From the request's arrival to the end of its response (streams included).",
-    labelNames: ["route", "model"] as const,
-    buckets: [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
-    registers,
-  })
-  const tokens = new Counter({
-    name: "swarmgate_tokens_total",
-    help: "Tokens of settled chat completions, as the gateway counted them (kind: prompt or completion).",
-    labelNames: ["model", "kind"] as const,
-    registers,
-  })
-  const charged = new Counter({
-    name: "swarmgate_charged_micros_total",
-    help: "Money charged to accounts, in micro-dollars (1e-6 USD).",
-    labelNames: ["model"] as const,
-    registers,
-  })
-  const refusals = new Counter({
-    name: "swarmgate_limiter_refusals_total",
-    help: "Chat completions refused by the limiter (rate, quota, concurrency, admission).",
-    labelNames: ["code"] as const,
-    registers,
-  })
-  const inFlight = new Gauge({
-    name: "swarmgate_requests_in_flight",
-    help: "Chat completions admitted by the limiter and not finished, on this instance.",
-    registers,
-  })
-  const queued = new Gauge({
-    name: "swarmgate_requests_queued",
-    help: "Chat completions waiting for admission (their account's queue), on this instance.",
-    registers,
-  })
+  // Updated per request: plain families (PlainMetrics.ts), read by the registry when scraped.
+  const requests = new CounterFamily(
+    "swarmgate_requests_total",
+    "Finished requests by route, model (preset), HTTP status and error code (empty on success).",
+    ["route", "model", "status", "code"],
+    registry,
+  )
+  const ttft = new HistogramFamily(
+    "swarmgate_time_to_first_token_seconds",
+    "From the request's arrival to the node's first token, chat completions that reached a node.",
+    ["model"],
+    [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60],
+    registry,
+  )
+  const duration = new HistogramFamily(
+    "swarmgate_request_duration_seconds",
+    "From the request's arrival to the end of its response (streams included).",
+    ["route", "model"],
+    [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
+    registry,
+  )
+  const tokens = new CounterFamily(
+    "swarmgate_tokens_total",
+    "Tokens of settled chat completions, as the gateway counted them (kind: prompt or completion).",
+    ["model", "kind"],
+    registry,
+  )
+  const charged = new CounterFamily(
+    "swarmgate_charged_micros_total",
+    "Money charged to accounts, in micro-dollars (1e-6 USD).",
+    ["model"],
+    registry,
+  )
+  const refusals = new CounterFamily(
+    "swarmgate_limiter_refusals_total",
+    "Chat completions refused by the limiter (rate, quota, concurrency, admission).",
+    ["code"],
+    registry,
+  )
+  const inFlight = new PlainGauge(
+    "swarmgate_requests_in_flight",
+    "Chat completions admitted by the limiter and not finished, on this instance.",
+    registry,
+  )
+  const queued = new PlainGauge(
+    "swarmgate_requests_queued",
+    "Chat completions waiting for admission (their account's queue), on this instance.",
+    registry,
+  )
   const dependencyLatency = new Histogram({
     name: "swarmgate_dependency_latency_seconds",
     help: "Round trip of a trivial command to the database (SELECT 1) or Redis (PING), from the probe.",
@@ -128,56 +130,44 @@ export const make = (options: MetricsOptions = {}): MetricsShape => {
     },
   })
 
-  // One bound child per label combination, created on first use.
-  const requestChildren = new Map<string, Counter.Internal>()
-  const durationChildren = new Map<string, Histogram.Internal<"route" | "model">>()
-  const bound = <V>(cache: Map<string, V>, key: string, create: () => V): V => {
-    let child = cache.get(key)
-    if (child === undefined) {
-      child = create()
-      cache.set(key, child)
-    }
-    return child
-  }
-  const perModel = new Map<
-    string,
-    {
-      ttft: Histogram.Internal<"model">
-      prompt: Counter.Internal
-      completion: Counter.Internal
-      charged: Counter.Internal
-    }
-  >()
-
   const observe = (o: Observation) => {
     const status = String(o.status)
-    bound(requestChildren, `${o.route}\u0000${o.model}\u0000${status}\u0000${o.code}`, () =>
-      requests.labels(o.route, o.model, status, o.code),
-    ).inc()
-    bound(durationChildren, `${o.route}\u0000${o.model}`, () => duration.labels(o.route, o.model)).observe(
-      o.durationSeconds,
-    )
-    if (LIMITER_CODES.has(o.code)) refusals.labels(o.code).inc()
+    requests.at(`${o.route}\u0000${o.model}\u0000${status}\u0000${o.code}`, [
+      o.route,
+      o.model,
+      status,
+      o.code,
+    ]).value++
+    duration.at(`${o.route}\u0000${o.model}`, [o.route, o.model]).observe(o.durationSeconds)
+    if (LIMITER_CODES.has(o.code)) refusals.at(o.code, [o.code]).value++
     if (o.model === "") return
-    const m = bound(perModel, o.model, () => ({
-      ttft: ttft.labels(o.model),
-      prompt: tokens.labels(o.model, "prompt"),
-      completion: tokens.labels(o.model, "completion"),
-      charged: charged.labels(o.model),
-    }))
-    if (o.ttftSeconds !== undefined) m.ttft.observe(o.ttftSeconds)
+    if (o.ttftSeconds !== undefined) ttft.at(o.model, [o.model]).observe(o.ttftSeconds)
     if (o.costMicros !== undefined) {
-      m.prompt.inc(o.promptTokens ?? 0)
-      m.completion.inc(o.completionTokens ?? 0)
-      m.charged.inc(o.costMicros)
+      tokens.at(`${o.model}\u0000prompt`, [o.model, "prompt"]).value += o.promptTokens ?? 0
+      tokens.at(`${o.model}\u0000completion`, [o.model, "completion"]).value += o.completionTokens ?? 0
+      charged.at(o.model, [o.model]).value += o.costMicros
     }
   }
 
   return {
     registry,
     observe,
-    queued: { inc: () => queued.inc(), dec: () => queued.dec() },
-    inFlight: { inc: () => inFlight.inc(), dec: () => inFlight.dec() },
+    queued: {
+      inc: () => {
+        queued.value++
+      },
+      dec: () => {
+        queued.value--
+      },
+    },
+    inFlight: {
+      inc: () => {
+        inFlight.value++
+      },
+      dec: () => {
+        inFlight.value--
+      },
+    },
     dependency: (name, seconds, up) => {
       dependencyUp.labels(name).set(up ? 1 : 0)
       if (up) dependencyLatency.labels(name).observe(seconds)
