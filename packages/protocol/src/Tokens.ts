@@ -14,7 +14,7 @@
  *   counted exactly.
  */
 import * as crypto from "node:crypto"
-import { countTokens, decode, encode, isWithinTokenLimit } from "gpt-tokenizer"
+import { countTokens, decode, encode } from "gpt-tokenizer"
 import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
 
 /** Framing tokens around each message, and the reply primer, as OpenAI counts them. */
@@ -27,56 +27,10 @@ export const IMAGE_TOKENS_DEFAULT = 765
 /** Longest pre-tokenizer piece counted whole (a 128-character piece costs well under a millisecond). */
 export const MAX_PIECE = 128
 
-/** Characters of ordinary text handed to the library at once. */
+/** Characters of ordinary text cut at once by `segments` (`truncate`); longer messages are not remembered. */
 const STRETCH = 65_536
 
 const PLAIN = { disallowedSpecial: new Set<string>() }
-
-/**
- * Half of MAX_PIECE in a row of non-space, or of space and "/", is what any
- * split piece longer than MAX_PIECE contains: a letter piece is one optional
- * character then letters, marks and a contraction (all non-space); a symbol
- * piece is an optional space, symbols (non-space), then line breaks and
- * slashes (space or "/"); the rest are space runs or at most 3 digits.
- * Counted in code units, as piece lengths are; "space" is JavaScript's `\s`.
- */
-const HALF_PIECE = MAX_PIECE / 2
-
-const isSpace = (c: number) =>
-  c === 32 ||
-  (c >= 9 && c <= 13) ||
-  (c >= 0xa0 &&
-    (c === 0xa0 ||
-      c === 0x1680 ||
-      (c >= 0x2000 && c <= 0x200a) ||
-      c === 0x2028 ||
-      c === 0x2029 ||
-      c === 0x202f ||
-      c === 0x205f ||
-      c === 0x3000 ||
-      c === 0xfeff))
-
-/**
- * False when no split piece of `text` can be longer than MAX_PIECE: such a
- * text is counted in one call, without the scan for long pieces (a plain loop
- * over the text costs a fraction of that scan). Exported for its property test.
- */
-export const mayHaveLongPiece = (text: string): boolean => {
-  let solid = 0
-  let open = 0
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i)
-    if (isSpace(c)) {
-      solid = 0
-      open++
-    } else {
-      solid++
-      open = c === 47 ? open + 1 : 0
-    }
-    if (solid >= HALF_PIECE || open >= HALF_PIECE) return true
-  }
-  return false
-}
 
 export interface CountableMessage {
   readonly content: string
@@ -145,33 +99,59 @@ const remember = (cache: Map<string, number>, max: number, key: string, n: numbe
   return n
 }
 
+/** The split regex, one instance driven by `lastIndex`: no match iterator per text. */
+const SPLIT = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, O200K_TOKEN_SPLIT_REGEX.flags)
+
+/**
+ * Pieces shorter than this are remembered by their text. V8 makes a substring
+ * of 13 or more characters a view of the string it was cut from: remembering
+ * one would keep the whole text (a prompt, an answer) alive.
+ */
+const REMEMBERED_PIECE = 13
+
+/** Tokens of one pre-tokenizer piece (a long piece in slices, as `segments` cuts it). */
+const pieceCount = (piece: string): number => {
+  if (piece.length < REMEMBERED_PIECE) {
+    const known = shortCounts.get(piece)
+    return known ?? remember(shortCounts, SHORT_CACHE_MAX, piece, countTokens(piece, PLAIN))
+  }
+  if (piece.length <= MAX_PIECE) return countTokens(piece, PLAIN)
+  let n = 0
+  for (const slice of slices(piece)) n += countTokens(slice, PLAIN)
+  return n
+}
+
 /**
  * Tokens of `text`: exact while at most `limit`; past it, some number above
  * `limit` (counting stops early, so a huge text costs what the limit allows).
+ *
+ * The sum of its pieces' counts: the library splits a text with the same
+ * regex and merges within each piece only, so this is its count, piece by
+ * piece — and most pieces are words met before, a map lookup instead of the
+ * library's per-piece work (an 80-character answer: ~2.5× faster).
  */
 export const count = (text: string, limit = Number.POSITIVE_INFINITY): number => {
   if (text.length === 0) return 0
   if (text.length <= SHORT_TEXT) {
-    // One segment, counted whole whatever the limit: the same number as below.
+    // Counted whole whatever the limit: the same number as below.
     const known = shortCounts.get(text)
     return known ?? remember(shortCounts, SHORT_CACHE_MAX, text, countTokens(text, PLAIN))
   }
-  if (text.length <= STRETCH && !mayHaveLongPiece(text)) {
-    // What the loop below would do with the one segment it would find, without its scan.
-    if (!Number.isFinite(limit) || text.length <= MAX_PIECE) return countTokens(text, PLAIN)
-    const within = isWithinTokenLimit(text, limit, PLAIN)
-    return within === false ? limit + 1 : within
-  }
   let total = 0
-  for (const segment of segments(text)) {
-    if (Number.isFinite(limit) && segment.length > MAX_PIECE) {
-      const within = isWithinTokenLimit(segment, limit - total, PLAIN)
-      if (within === false) return limit + 1
-      total += within
-    } else {
-      total += countTokens(segment, PLAIN)
+  let from = 0
+  SPLIT.lastIndex = 0
+  try {
+    for (let match = SPLIT.exec(text); match !== null; match = SPLIT.exec(text)) {
+      total += pieceCount(match[0])
+      if (total > limit) return total
+      from = SPLIT.lastIndex
     }
-    if (total > limit) return total
+  } catch {
+    // The split regex runs out of backtracking stack on a run of millions of letters: slice the rest.
+    for (const slice of slices(text.slice(from))) {
+      total += countTokens(slice, PLAIN)
+      if (total > limit) return total
+    }
   }
   return total
 }

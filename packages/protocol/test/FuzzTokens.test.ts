@@ -54,28 +54,6 @@ const runs = fc
   .map((parts) => parts.join(""))
 
 describe("Tokens", () => {
-  it("finds a possible long piece wherever the split has one (the one-call path is only taken without)", () => {
-    fc.assert(
-      fc.property(fc.oneof(runs, hostile), (text) => {
-        if (Tokens.mayHaveLongPiece(text)) return
-        for (const [piece] of text.matchAll(O200K_TOKEN_SPLIT_REGEX)) {
-          expect(piece.length).toBeLessThanOrEqual(Tokens.MAX_PIECE)
-        }
-      }),
-      { numRuns: 2_000 },
-    )
-  })
-
-  it("looks for exactly 64 code units of non-space, or of space and slash, in a row", () => {
-    const spec = new RegExp(`\\S{${Tokens.MAX_PIECE / 2}}|[\\s/]{${Tokens.MAX_PIECE / 2}}`)
-    fc.assert(
-      fc.property(fc.oneof(runs, hostile, fc.string({ unit: "binary", maxLength: 400 })), (text) => {
-        expect(Tokens.mayHaveLongPiece(text)).toBe(spec.test(text))
-      }),
-      { numRuns: 2_000 },
-    )
-  })
-
   it("counts run-heavy text without long pieces exactly as gpt-tokenizer does; any, within a limit", () => {
     fc.assert(
       fc.property(runs, fc.nat({ max: 400 }), (text, limit) => {
