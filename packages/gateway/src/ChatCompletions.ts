@@ -183,6 +183,8 @@ const pushEvents = (
   text: CappedText,
   res: ServerResponse,
   onText: ((deltas: ReadonlyArray<string>) => boolean) | undefined,
+  /** Called once the events ready at the start were handled (before any wait). */
+  onStarted?: () => void,
 ) =>
   Finalizers.asyncIn<FinishReason, UpstreamError>(scope, (resume) => {
     const finish: NodeFinish = { node: undefined }
@@ -240,6 +242,7 @@ const pushEvents = (
       else cancel = stop
     }
     read()
+    onStarted?.()
     return () => {
       over = true
       cancel()
@@ -315,20 +318,28 @@ function* answerBody(
 
   res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
   outcome.headersSent = true
+  // The role chunk goes out with what is written first (the node's first token is here already:
+  // `run` waited for it), so that it and the first text are one `res.write` — each costs four
+  // writes to the socket with chunked framing. Nothing is held past the answer's first step.
+  let opening = chunk('{"role":"assistant","content":""}', "null")
+  const opened = () => {
+    const text = opening
+    opening = ""
+    return text
+  }
   const alive: Timers.KeepAliveStream = {
     lastWrite: Date.now(),
     intervalMillis: config.keepAliveIntervalMillis,
     ping: () => {
-      if (!res.writableEnded) res.write(SseEncoder.keepAlive)
+      if (!res.writableEnded) res.write(opened() + SseEncoder.keepAlive)
     },
   }
   offs.keepAlive = Timers.keepAlive(alive)
   const send = (data: string) => {
     alive.lastWrite = Date.now()
-    return SseWriter.write(res, data)
+    return SseWriter.write(res, opened() + data)
   }
 
-  yield* send(chunk('{"role":"assistant","content":""}', "null"))
   // A content chunk is the same text around each delta: built once per answer, not per token.
   const contentOpen = `data: ${head}{"index":0,"delta":{"content":`
   const contentClose = `},"finish_reason":null}]${usageTail}\n\n`
@@ -337,25 +348,39 @@ function* answerBody(
     for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
     return data
   }
-  const finished = yield* Effect.either(
-    run.next !== undefined
-      ? pushEvents(scope, run.next, text, res, (deltas) => {
-          alive.lastWrite = Date.now()
-          return res.write(deltasData(deltas))
-        })
-      : runEvents(run.pull, text, (deltas) => send(deltasData(deltas))),
-  )
+  let reading: Effect.Effect<FinishReason, UpstreamError>
+  if (run.next !== undefined) {
+    reading = pushEvents(
+      scope,
+      run.next,
+      text,
+      res,
+      (deltas) => {
+        alive.lastWrite = Date.now()
+        return res.write(opened() + deltasData(deltas))
+      },
+      () => {
+        // No text at once: the role chunk leaves now, as it would have without waiting.
+        if (opening !== "") res.write(opened())
+      },
+    )
+  } else {
+    yield* send("")
+    reading = runEvents(run.pull, text, (deltas) => send(deltasData(deltas)))
+  }
+  const finished = yield* Effect.either(reading)
   if (finished._tag === "Left") {
     outcome.status = "upstream_error"
     outcome.completionTokens = Tokens.count(text.text)
     // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
     res.end(
-      SseEncoder.encodeData(
-        streamErrorEvent(
-          { message: finished.left.message, type: "server_error", code: "upstream_error" },
-          requestId,
+      opened() +
+        SseEncoder.encodeData(
+          streamErrorEvent(
+            { message: finished.left.message, type: "server_error", code: "upstream_error" },
+            requestId,
+          ),
         ),
-      ),
     )
     return
   }
@@ -366,7 +391,7 @@ function* answerBody(
   if (request.includeUsage) {
     tail += SseEncoder.encodeData(`${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`)
   }
-  res.end(tail + SseEncoder.DONE)
+  res.end(opened() + tail + SseEncoder.DONE)
   outcome.status = "completed"
 }
 
