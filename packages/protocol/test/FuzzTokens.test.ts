@@ -54,6 +54,21 @@ const runs = fc
   .map((parts) => parts.join(""))
 
 describe("Tokens", () => {
+  it("splits any text into contiguous, non-empty pieces (what counting by pieces rests on)", () => {
+    fc.assert(
+      fc.property(fc.oneof(runs, hostile, fc.string({ unit: "binary", maxLength: 400 })), (text) => {
+        let end = 0
+        for (const match of text.matchAll(O200K_TOKEN_SPLIT_REGEX)) {
+          expect(match.index).toBe(end)
+          expect(match[0].length).toBeGreaterThan(0)
+          end += match[0].length
+        }
+        expect(end).toBe(text.length)
+      }),
+      { numRuns: 2_000 },
+    )
+  })
+
   it("counts run-heavy text without long pieces exactly as gpt-tokenizer does; any, within a limit", () => {
     fc.assert(
       fc.property(runs, fc.nat({ max: 400 }), (text, limit) => {
