@@ -315,7 +315,12 @@ export const winner = (
   let chars = 0
   let failed = false
   const see = (chunk: Chunk.Chunk<NodeEvent>) => {
-    for (const event of chunk) if (event._tag === "Delta") chars += event.text.length
+    // Its array, indexed: a Chunk's iterator allocates a result per element.
+    const events = Chunk.toReadonlyArray(chunk)
+    for (let i = 0; i < events.length; i++) {
+      const event = events[i]!
+      if (event._tag === "Delta") chars += event.text.length
+    }
   }
   see(first)
   /** The node's part in its health: the characters it sent, or its failure (noted once, by whichever read saw it). */

@@ -26,7 +26,7 @@ import {
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Cause, type Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
+import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import type { NormalizedRequest } from "./RequestPolicy"
 
@@ -123,9 +123,12 @@ interface NodeFinish {
 }
 
 /** The text of one chunk of events that the cap still lets through, as deltas; notes the node's finish. */
-const takeChunk = (events: Iterable<NodeEvent>, text: CappedText, finish: NodeFinish): Array<string> => {
+const takeChunk = (chunk: Chunk.Chunk<NodeEvent>, text: CappedText, finish: NodeFinish): Array<string> => {
   const deltas: Array<string> = []
-  for (const event of events) {
+  // Its array, indexed: a Chunk's iterator allocates a result per element.
+  const events = Chunk.toReadonlyArray(chunk)
+  for (let i = 0; i < events.length; i++) {
+    const event = events[i]!
     if (event._tag === "Finish") {
       finish.node = event.reason
       continue
