@@ -115,16 +115,11 @@ const SPLIT = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, O200K_TOKEN_SPLIT_REGEX
  */
 const REMEMBERED_PIECE = 13
 
-/** Tokens of one pre-tokenizer piece (a long piece in slices, as `segments` cuts it). */
+/** Tokens of one pre-tokenizer piece of at most `MAX_PIECE` characters. */
 const pieceCount = (piece: string): number => {
-  if (piece.length < REMEMBERED_PIECE) {
-    const known = shortCounts.get(piece)
-    return known ?? remember(shortCounts, SHORT_CACHE_MAX, piece, countTokens(piece, PLAIN))
-  }
-  if (piece.length <= MAX_PIECE) return countTokens(piece, PLAIN)
-  let n = 0
-  for (const slice of slices(piece)) n += countTokens(slice, PLAIN)
-  return n
+  if (piece.length >= REMEMBERED_PIECE) return countTokens(piece, PLAIN)
+  const known = shortCounts.get(piece)
+  return known ?? remember(shortCounts, SHORT_CACHE_MAX, piece, countTokens(piece, PLAIN))
 }
 
 /**
@@ -150,7 +145,15 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
     // An empty match would not move on (the split has none: every alternative takes a character).
     while (SPLIT.test(text) && SPLIT.lastIndex > from) {
       const to = SPLIT.lastIndex
-      total += pieceCount(text.slice(from, to))
+      if (to - from <= MAX_PIECE) {
+        total += pieceCount(text.slice(from, to))
+      } else {
+        // A long piece in slices, as `segments` cuts it; the limit is looked at after each.
+        for (const slice of slices(text.slice(from, to))) {
+          total += countTokens(slice, PLAIN)
+          if (total > limit) return total
+        }
+      }
       if (total > limit) return total
       from = to
     }

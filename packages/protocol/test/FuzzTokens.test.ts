@@ -188,6 +188,25 @@ describe("Tokens", () => {
     )
   })
 
+  it("stops counting a long piece at the limit (a huge text costs what the limit allows)", () => {
+    // Millions of letters in one piece that the split regex still matches (CJK runs overflow it).
+    let seed = 7
+    let letters = ""
+    for (let i = 0; i < 2_000_000; i++) {
+      seed = (seed * 16_807) % 2_147_483_647
+      letters += String.fromCharCode(97 + (seed % 26))
+    }
+    for (const limit of [0, 1_000, 5_000]) {
+      const counted = Tokens.count(letters, limit)
+      expect(counted).toBeGreaterThan(limit)
+      // Past the limit by at most one slice's tokens.
+      expect(counted).toBeLessThanOrEqual(limit + Tokens.MAX_PIECE)
+    }
+    const prompt = Tokens.promptTokens([{ content: letters, imageTokens: 0 }], 2_000)
+    expect(prompt).toBeGreaterThan(2_000)
+    expect(prompt).toBeLessThanOrEqual(2_000 + Tokens.MAX_PIECE + 6)
+  })
+
   it("costs linear time on runs that make the tokenizer's merge quadratic", () => {
     let cjk = ""
     for (let i = 0; i < 300_000; i++) cjk += String.fromCharCode(0x4e00 + ((i * 7919) % 20_000))
