@@ -263,6 +263,8 @@ type Stop = "upstream_timeout" | "halted" | { readonly revoked: ApiError }
 interface AnswerOffs {
   halt: (() => void) | undefined
   keepAlive: (() => void) | undefined
+  /** The SSE role chunk while it waits for the first write (a stopped answer writes it first). */
+  opening: string
 }
 
 /** The answer: a generator declared once, its request passed in (HttpServer.ts says why). */
@@ -324,10 +326,10 @@ function* answerBody(
   // The role chunk goes out with what is written first (the node's first token is here already:
   // `run` waited for it), so that it and the first text are one `res.write` — each costs four
   // writes to the socket with chunked framing. Nothing is held past the answer's first step.
-  let opening = chunk('{"role":"assistant","content":""}', "null")
+  offs.opening = chunk('{"role":"assistant","content":""}', "null")
   const opened = () => {
-    const text = opening
-    opening = ""
+    const text = offs.opening
+    offs.opening = ""
     return text
   }
   const alive: Timers.KeepAliveStream = {
@@ -364,7 +366,7 @@ function* answerBody(
       },
       () => {
         // No text at once: the role chunk leaves now, as it would have without waiting.
-        if (opening !== "") res.write(opened())
+        if (offs.opening !== "") res.write(opened())
       },
     )
   } else {
@@ -424,7 +426,7 @@ export const respond = (
     const id = completionId(requestId)
     const text = new CappedText(request.maxTokens)
     let stopped: Stop | undefined
-    const offs: AnswerOffs = { halt: undefined, keepAlive: undefined }
+    const offs: AnswerOffs = { halt: undefined, keepAlive: undefined, opening: "" }
     let offRevocation: (() => void) | undefined
     const stop = (why: Stop) => {
       if (stopped !== undefined || outcome.status !== "pending") return
@@ -456,11 +458,14 @@ export const respond = (
             : why === "halted"
               ? HALTED
               : `The request was ended: ${why.revoked.message}`
+        const opening = offs.opening
+        offs.opening = ""
         // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
         res.end(
-          SseEncoder.encodeData(
-            streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
-          ),
+          opening +
+            SseEncoder.encodeData(
+              streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
+            ),
         )
         return
       }
