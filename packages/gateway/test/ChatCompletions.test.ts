@@ -55,7 +55,7 @@ const request = {
 const laterNode: Dispatcher.NodeRun = {
   nodeId: "n1",
   pull: Effect.never,
-  next: (done) => {
+  next: (done: (exit: Exit.Exit<Chunk.Chunk<{ _tag: "Delta"; text: string }>>) => void) => {
     const timer = setTimeout(() => done(Exit.succeed(Chunk.of({ _tag: "Delta", text: "Hi" }))), 20)
     return () => clearTimeout(timer)
   },
