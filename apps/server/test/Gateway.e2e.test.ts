@@ -281,12 +281,14 @@ describe("keys and accounts", () => {
   })
 
   it("expired keys are refused", async () => {
-    const issued = await createKey(server, {}, { expires_at: Math.floor(Date.now() / 1000) + 1 })
+    // At least a second ahead (whole seconds), so that a busy machine still checks it unexpired first.
+    const expiresAt = Math.floor(Date.now() / 1000) + 2
+    const issued = await createKey(server, {}, { expires_at: expiresAt })
     expect(
       (await fetch(`${server.baseUrl}/v1/models`, { headers: { authorization: `Bearer ${issued.key}` } }))
         .status,
     ).toBe(200)
-    await new Promise((r) => setTimeout(r, 2_100))
+    await new Promise((r) => setTimeout(r, Math.max(0, expiresAt * 1000 + 100 - Date.now())))
     await expectError(
       await fetch(`${server.baseUrl}/v1/models`, { headers: { authorization: `Bearer ${issued.key}` } }),
       401,
