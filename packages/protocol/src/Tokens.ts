@@ -129,7 +129,7 @@ const pieceCount = (piece: string): number => {
  * The sum of its pieces' counts: the library splits a text with the same
  * regex and merges within each piece only, so this is its count, piece by
  * piece — and most pieces are words met before, a map lookup instead of the
- * library's per-piece work (an 80-character answer: ~2.5× faster).
+ * library's per-piece work (an 80-character answer: ~2× faster).
  */
 export const count = (text: string, limit = Number.POSITIVE_INFINITY): number => {
   if (text.length === 0) return 0
