@@ -267,6 +267,13 @@ interface AnswerOffs {
   opening: string
 }
 
+/** The held role chunk, once: "" after it was taken. */
+const takeOpening = (offs: AnswerOffs): string => {
+  const text = offs.opening
+  offs.opening = ""
+  return text
+}
+
 /** The answer: a generator declared once, its request passed in (HttpServer.ts says why). */
 function* answerBody(
   res: ServerResponse,
@@ -327,11 +334,7 @@ function* answerBody(
   // `run` waited for it), so that it and the first text are one `res.write` — each costs four
   // writes to the socket with chunked framing. Nothing is held past the answer's first step.
   offs.opening = chunk('{"role":"assistant","content":""}', "null")
-  const opened = () => {
-    const text = offs.opening
-    offs.opening = ""
-    return text
-  }
+  const opened = () => takeOpening(offs)
   const alive: Timers.KeepAliveStream = {
     lastWrite: Date.now(),
     intervalMillis: config.keepAliveIntervalMillis,
@@ -458,8 +461,7 @@ export const respond = (
             : why === "halted"
               ? HALTED
               : `The request was ended: ${why.revoked.message}`
-        const opening = offs.opening
-        offs.opening = ""
+        const opening = takeOpening(offs)
         // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
         res.end(
           opening +

@@ -115,6 +115,15 @@ const SPLIT = new RegExp(O200K_TOKEN_SPLIT_REGEX.source, O200K_TOKEN_SPLIT_REGEX
  */
 const REMEMBERED_PIECE = 13
 
+/** `total` plus the tokens of `text` in slices of `MAX_PIECE`, stopping once past `limit`. */
+const slicedCount = (text: string, total: number, limit: number): number => {
+  for (const slice of slices(text)) {
+    total += countTokens(slice, PLAIN)
+    if (total > limit) return total
+  }
+  return total
+}
+
 /** Tokens of one pre-tokenizer piece of at most `MAX_PIECE` characters. */
 const pieceCount = (piece: string): number => {
   if (piece.length >= REMEMBERED_PIECE) return countTokens(piece, PLAIN)
@@ -145,15 +154,11 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
     // An empty match would not move on (the split has none: every alternative takes a character).
     while (SPLIT.test(text) && SPLIT.lastIndex > from) {
       const to = SPLIT.lastIndex
-      if (to - from <= MAX_PIECE) {
-        total += pieceCount(text.slice(from, to))
-      } else {
-        // A long piece in slices, as `segments` cuts it; the limit is looked at after each.
-        for (const slice of slices(text.slice(from, to))) {
-          total += countTokens(slice, PLAIN)
-          if (total > limit) return total
-        }
-      }
+      // A long piece in slices, as `segments` cuts it; the limit is looked at after each.
+      total =
+        to - from <= MAX_PIECE
+          ? total + pieceCount(text.slice(from, to))
+          : slicedCount(text.slice(from, to), total, limit)
       if (total > limit) return total
       from = to
     }
@@ -161,13 +166,7 @@ export const count = (text: string, limit = Number.POSITIVE_INFINITY): number =>
     // The split regex runs out of backtracking stack on a run of millions of letters.
   }
   // What the split did not reach (that run) is counted in slices.
-  if (from < text.length) {
-    for (const slice of slices(text.slice(from))) {
-      total += countTokens(slice, PLAIN)
-      if (total > limit) return total
-    }
-  }
-  return total
+  return from < text.length ? slicedCount(text.slice(from), total, limit) : total
 }
 
 /**
