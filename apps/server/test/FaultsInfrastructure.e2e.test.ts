@@ -13,7 +13,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { RedisStore } from "@swarmgate/quota"
-import { TestDatabase } from "@swarmgate/store"
+import { Redis, TestDatabase } from "@swarmgate/store"
 import { Effect } from "effect"
 import {
   eventually,
@@ -225,10 +225,34 @@ describe.skipIf(missing.length > 0 && !required)("infrastructure faults", () => 
         account.usage_now.queued === 0 &&
         nodes.every((n) => n.in_flight === 0)
       )
-    }, millis).catch((e) => {
-      throw new Error(`not released: ${JSON.stringify(last)} (${e})`)
+    }, millis).catch(async (e) => {
+      throw new Error(
+        `not released: ${JSON.stringify(last)} (${e})\n${await holdsInRedis()}\n${serverLogTail()}`,
+      )
     })
   }
+
+  /** The open holds in the shared book with their due times, for a failure's message. */
+  const holdsInRedis = () =>
+    Effect.runPromise(
+      Effect.scoped(
+        Effect.flatMap(Redis.connect(redisUrl!, 1_000), (client) =>
+          Redis.command(() =>
+            Promise.all([
+              client.zrange(`${prefix}{billing}:hx`, 0, -1, "WITHSCORES"),
+              client.hgetall(`${prefix}{billing}:h`),
+            ]),
+          ),
+        ),
+      ).pipe(
+        Effect.match({
+          onSuccess: ([due, holds]) =>
+            `holds in Redis at ${Date.now()}: due ${JSON.stringify(due)}, holds ${JSON.stringify(holds)}`,
+          onFailure: (e) => `holds in Redis: unreadable (${e.reason})`,
+        }),
+      ),
+    )
+  const serverLogTail = () => `server log (tail):\n${server.output().split("\n").slice(-40).join("\n")}`
 
   /** Every request that ran so far has its usage record. */
   const ledgerCaughtUp = () =>
