@@ -18,6 +18,7 @@ import {
   PaymentHold,
 } from "@swarmgate/protocol"
 import { Clock, Config, type ConfigError, Context, Data, Effect, Either, Layer, type Scope } from "effect"
+import * as BackgroundLoop from "./internal/BackgroundLoop"
 import {
   Book,
   HELD_BY_OTHERS,
@@ -464,23 +465,22 @@ export const make = (
       queue.length === 0 ? Effect.void : Effect.zipRight(writeQueued, flush),
     )
 
-    const flusher = Effect.gen(function* () {
-      yield* wake.await
-      yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
-      yield* writeQueued.pipe(
-        Effect.catchAll((e) =>
-          Effect.zipRight(
-            Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
-            Effect.sleep(1_000),
+    yield* BackgroundLoop.fork(
+      "ledger writer",
+      Effect.gen(function* () {
+        yield* wake.await
+        yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
+        yield* writeQueued.pipe(
+          Effect.catchAll((e) =>
+            Effect.zipRight(
+              Effect.logError(`billing: ledger write failed, retrying: ${e.reason}`, e.cause),
+              Effect.sleep(1_000),
+            ),
           ),
-        ),
-      )
-    }).pipe(Effect.forever)
-
-    const sweeper = Effect.zipRight(Effect.sleep(sweepMillis), expire).pipe(Effect.forever)
-
-    yield* Effect.forkScoped(flusher)
-    yield* Effect.forkScoped(sweeper)
+        )
+      }),
+    )
+    yield* BackgroundLoop.fork("hold sweep", Effect.zipRight(Effect.sleep(sweepMillis), expire))
 
     // Runs first at shutdown: requests interrupted by the server closing settle within moments;
     // wait for them briefly, then write everything.

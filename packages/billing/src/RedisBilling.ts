@@ -38,6 +38,7 @@ import {
   reserveWaiting,
   type Settlement,
 } from "./Billing"
+import * as BackgroundLoop from "./internal/BackgroundLoop"
 import type { Hold, Shortfall } from "./internal/Book"
 import { HELD_BY_OTHERS, startOfUtcMonth } from "./internal/Book"
 import * as LedgerWriter from "./internal/LedgerWriter"
@@ -661,7 +662,11 @@ export const make = (
               )
         }),
         Effect.catchAll((e) => Effect.as(throttled(`billing: hold sweep failed: ${e.reason}`), 0)),
-        Effect.zipWith(fallback === undefined ? Effect.succeed(0) : fallback.expire, (a, b) => a + b),
+        // Read at each sweep: the memory book of an outage exists only from the outage on.
+        Effect.zipWith(
+          Effect.suspend(() => (fallback === undefined ? Effect.succeed(0) : fallback.expire)),
+          (a, b) => a + b,
+        ),
       ),
     )
 
@@ -740,28 +745,30 @@ export const make = (
         Effect.sleep(1_000),
       )
 
-    const flusher = Effect.gen(function* () {
-      yield* wake.await
-      yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
-      yield* writeNow.pipe(Effect.catchAll(logWriteFailure))
-    }).pipe(Effect.forever)
-
-    // Also writes what dead instances left queued or half-written.
-    const sweeper = Effect.gen(function* () {
-      yield* Effect.sleep(sweepMillis)
-      yield* expire
-      yield* flush.pipe(Effect.catchAll(logWriteFailure))
-    }).pipe(Effect.forever)
-
-    const renewer = Effect.gen(function* () {
-      yield* Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3)))
-      yield* renew
-      yield* applyReplayed
-    }).pipe(Effect.forever)
-
-    yield* Effect.forkScoped(flusher)
-    yield* Effect.forkScoped(sweeper)
-    yield* Effect.forkScoped(renewer)
+    yield* BackgroundLoop.fork(
+      "ledger writer",
+      Effect.gen(function* () {
+        yield* wake.await
+        yield* Effect.raceFirst(Effect.sleep(flushMillis), full.await)
+        yield* writeNow.pipe(Effect.catchAll(logWriteFailure))
+      }),
+    )
+    // Lapsed holds return their money every sweep, on a loop of their own: a ledger write that
+    // is slow or stuck must not keep money held.
+    yield* BackgroundLoop.fork("hold sweep", Effect.zipRight(Effect.sleep(sweepMillis), expire))
+    // Writes what dead instances left queued or half-written.
+    yield* BackgroundLoop.fork(
+      "ledger catch-up",
+      Effect.zipRight(Effect.sleep(sweepMillis), flush.pipe(Effect.catchAll(logWriteFailure))),
+    )
+    yield* BackgroundLoop.fork(
+      "hold renewal",
+      Effect.gen(function* () {
+        yield* Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3)))
+        yield* renew
+        yield* applyReplayed
+      }),
+    )
 
     // Runs before the connection closes (finalizers run in reverse): requests interrupted by the
     // server closing settle within moments; wait briefly, return what is still held, write the rest.
