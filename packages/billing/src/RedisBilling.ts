@@ -8,7 +8,7 @@
  * What differs from one instance with the book in memory:
  * - Holds are leases: the instance renews its open holds every third of
  *   `leaseMillis`; when it dies they stop being renewed and any instance's
- *   sweep returns their money within one lease.
+ *   sweep returns their money within a lease and a sweep (`sweepMillis`).
  * - Settled charges wait in a Redis queue, not in the process: any instance's
  *   writer claims a batch, writes it and acknowledges it. A writer that dies
  *   mid-batch loses its claim after `claimMillis` and another writes the
