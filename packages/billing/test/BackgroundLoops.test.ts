@@ -1,5 +1,6 @@
 /**
- * The Redis book's background loops are independent of each other: a ledger
+ * A book's background loops go on after a defect, and the Redis book's are
+ * independent of each other: a ledger
  * write that hangs (here: PostgreSQL waiting on a row another transaction
  * locked) must not keep a lapsed hold's money held. The CI failure this
  * guards against: 0.008192 USD held for minutes after a Redis outage.
@@ -7,11 +8,34 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { TestDatabase } from "@swarmgate/store"
-import { Deferred, Effect, Fiber } from "effect"
+import { Deferred, Effect, Fiber, Logger, TestClock } from "effect"
+import * as BackgroundLoop from "../src/internal/BackgroundLoop"
 import * as LedgerCheck from "../src/LedgerCheck"
 import * as RedisBilling from "../src/RedisBilling"
 import { eventually, PRICES, request, seed } from "./support/Fixtures"
 import { describeRedis } from "./support/Redis"
+
+describe("a background loop", () => {
+  it.scoped("logs a round's defect and runs the next round a second later", () =>
+    Effect.gen(function* () {
+      const logged: Array<unknown> = []
+      const logger = Logger.make(({ message }) => logged.push(message))
+      let rounds = 0
+      yield* BackgroundLoop.fork(
+        "test loop",
+        Effect.suspend(() => {
+          rounds++
+          return rounds === 1 ? Effect.die(new Error("boom")) : Effect.never
+        }),
+      ).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, logger)))
+      yield* TestClock.adjust("999 millis")
+      expect(rounds).toBe(1)
+      expect(JSON.stringify(logged)).toContain("billing: test loop failed; it goes on")
+      yield* TestClock.adjust("1 millis")
+      expect(rounds).toBe(2)
+    }),
+  )
+})
 
 describeRedis(describe, "the Redis book's background loops", (url, prefix) => {
   TestDatabase.describePg(describe, "PostgreSQL", () => {
