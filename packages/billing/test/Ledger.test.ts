@@ -8,6 +8,7 @@ import type { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Database, SqliteWriter, TestDatabase } from "@swarmgate/store"
 import { Effect, Either, Layer } from "effect"
+import * as LedgerWriter from "../src/internal/LedgerWriter"
 import * as Ledger from "../src/Ledger"
 import * as LedgerCheck from "../src/LedgerCheck"
 import { hex, ledgerOf, type Seeded, seed } from "./support/Fixtures"
@@ -104,6 +105,29 @@ const suite = (name: string, database: Layer.Layer<SqlClient.SqlClient, unknown>
   })
 
 suite("Ledger on SQLite", Database.layer("sqlite::memory:"))
+
+// @effect/sql reports a COMMIT or ROLLBACK on a lost connection as a defect: the book's writer
+// must see a failed batch (and write it row by row), not die with it and stop writing for good.
+layer(Database.layer("sqlite::memory:"))("the ledger writer when a batch dies", (it) => {
+  it.effect("writes the batch row by row, each entry once, and reports every entry written", () =>
+    Effect.gen(function* () {
+      const a = yield* seed(1_000_000)
+      const already = entry(a, 300)
+      yield* Ledger.writeOne(already)
+      const batch = [entry(a, 50), already, entry(a, 70)]
+      const dying: SqliteWriter.SqliteWriterShape = {
+        transaction: () => Effect.die(new Error("connection lost at COMMIT")),
+      }
+      const outcome = yield* LedgerWriter.write(batch).pipe(
+        Effect.provideService(SqliteWriter.SqliteWriter, dying),
+      )
+      expect(outcome.failed).toEqual([])
+      expect(outcome.written.map((e) => e.requestId)).toEqual(batch.map((e) => e.requestId))
+      expect((yield* ledgerOf(a.accountId)).balance).toBe(1_000_000 - 300 - 50 - 70)
+      expect((yield* LedgerCheck.check).problems).toEqual([])
+    }),
+  )
+})
 // A file: the ledger's batches are written by its writer thread (SqliteWriter).
 suite("Ledger on a SQLite file", TestDatabase.layerSqliteFile("swarmgate_ledger_file"))
 // A writer thread that cannot open its file: each batch is one transaction on the main connection.

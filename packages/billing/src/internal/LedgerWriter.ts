@@ -7,7 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { SqliteWriter } from "@swarmgate/store"
-import { Effect } from "effect"
+import { Cause, Effect, Exit } from "effect"
 import * as Ledger from "../Ledger"
 import type { Hold } from "./Book"
 
@@ -59,23 +59,27 @@ export interface WriteOutcome {
  * Writes a batch in one transaction (group commit). When that fails, writes
  * the entries one by one, so one bad entry (e.g. one already written) does not
  * block the others; each is written at most once, the request id being the
- * ledger's primary key. Never fails: the outcome says what was written.
+ * ledger's primary key. Never fails and never dies: the outcome says what was
+ * written. A defect counts as a failed write too — @effect/sql reports a
+ * COMMIT or ROLLBACK on a lost connection as one, and a book's writer loop
+ * must not end on it (the batch may have committed: the row-by-row retry
+ * finds its request ids written and counts them as written).
  */
 export const write = (
   batch: ReadonlyArray<Ledger.UsageEntry>,
 ): Effect.Effect<WriteOutcome, never, SqlClient.SqlClient> =>
   Effect.gen(function* () {
-    const batched = yield* Effect.either(Ledger.writeBatch(batch))
-    if (batched._tag === "Right") return { written: batch, failed: [], cause: undefined }
+    const batched = yield* Effect.exit(Ledger.writeBatch(batch))
+    if (Exit.isSuccess(batched)) return { written: batch, failed: [], cause: undefined }
     const written: Array<Ledger.UsageEntry> = []
     const failed: Array<Ledger.UsageEntry> = []
     let cause: unknown
     for (const entry of batch) {
-      const one = yield* Effect.either(Ledger.writeOne(entry))
-      if (one._tag === "Right") written.push(entry)
+      const one = yield* Effect.exit(Ledger.writeOne(entry))
+      if (Exit.isSuccess(one)) written.push(entry)
       else {
         failed.push(entry)
-        cause = one.left
+        cause = Cause.squash(one.cause)
       }
     }
     return { written, failed, cause }
