@@ -77,8 +77,9 @@ describeRedis(describe, "the Redis book's background loops", (url, prefix) => {
             yield* Effect.sleep("250 millis")
           }
           expect(charges.every((c) => c !== undefined)).toBe(true)
-          // A hold nobody settles, past its expiry within moments: a sweep returns its money.
-          yield* b.reserve(request(account, { ttlMillis: 200 }))
+          // A hold nobody settles, past its expiry soon (long enough to be seen held on a busy
+          // machine): a sweep returns its money while the ledger writes still wait.
+          yield* b.reserve(request(account, { ttlMillis: 1_500 }))
           const held = Effect.map(
             b.accountMoney([account.accountId]),
             (money) => money.get(account.accountId)?.heldMicros,
@@ -86,7 +87,7 @@ describeRedis(describe, "the Redis book's background loops", (url, prefix) => {
           expect(yield* held).toBeGreaterThan(0)
           yield* eventually(
             Effect.map(held, (micros) => micros === 0),
-            3_000,
+            6_000,
           )
           // The lock goes; the stuck writes finish and the ledger holds both charges, once each.
           yield* Deferred.succeed(unlock, undefined)
