@@ -10,9 +10,9 @@
  * The dispatcher is decorated, not replaced: `/admin/v1/nodes` and everything
  * else keep calling `register` and `drain` as on one instance.
  */
-import { Dispatcher, type NodesFile } from "@swarmgate/dispatch"
+import { Dispatcher, NodesFile } from "@swarmgate/dispatch"
 import { Redis as R } from "@swarmgate/store"
-import { Clock, Effect, Either, Layer, type Redacted, Runtime, Schedule } from "effect"
+import { Cause, Clock, Effect, Either, Layer, type Redacted, Runtime, Schedule } from "effect"
 import type { Redis } from "ioredis"
 
 export interface NodeRegistryOptions {
@@ -33,6 +33,19 @@ const DELETE_IF_UNCHANGED = `
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0`
 
+/** A stored registration, or undefined when the text is not one (damaged, or another version's). */
+const parseStored = (raw: string): Stored | undefined => {
+  let value: { readonly spec?: unknown; readonly expiresAt?: unknown }
+  try {
+    value = JSON.parse(raw)
+  } catch {
+    return undefined
+  }
+  if (typeof value !== "object" || value === null || typeof value.expiresAt !== "number") return undefined
+  const spec = NodesFile.decodeNodeSpec(value.spec)
+  return Either.isRight(spec) ? { spec: spec.right, expiresAt: value.expiresAt } : undefined
+}
+
 export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOptions) =>
   Effect.gen(function* () {
     const key = `${options.prefix}{nodes}:registered`
@@ -40,15 +53,28 @@ export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOpt
     const redis: Redis = yield* R.connect(options.url, 1_000)
     const subscriber: Redis = yield* R.connect(options.url, 1_000)
 
+    let warnedAt = Number.NEGATIVE_INFINITY
+    // Once every 10 s while it lasts (Redis away, an unreadable entry), not at every sync.
+    const warn = (message: string) =>
+      Effect.suspend(() => {
+        if (Date.now() - warnedAt < 10_000) return Effect.void
+        warnedAt = Date.now()
+        return Effect.logWarning(message)
+      })
+
     const sync = Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
       const stored = yield* R.command(() => redis.hgetall(key))
       const shared = new Map<string, Stored>()
+      const unreadable: Array<string> = []
       for (const [id, raw] of Object.entries(stored)) {
-        const entry = JSON.parse(raw) as Stored
-        if (entry.expiresAt > now) shared.set(id, entry)
+        const entry = parseStored(raw)
+        if (entry === undefined) unreadable.push(id)
+        else if (entry.expiresAt > now) shared.set(id, entry)
         else yield* R.command(() => redis.eval(DELETE_IF_UNCHANGED, 1, key, id, raw))
       }
+      if (unreadable.length > 0)
+        yield* warn(`nodes: shared registrations not readable, skipped: ${unreadable.join(", ")}`)
       const local = new Map((yield* inner.status).map((node) => [node.id, node]))
       for (const [id, entry] of shared) {
         const mine = local.get(id)
@@ -62,15 +88,14 @@ export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOpt
       }
     })
 
-    let warnedAt = Number.NEGATIVE_INFINITY
+    // Whatever one sync meets, the next still runs: a defect that ended the loop would leave this
+    // instance deaf to other instances' registrations, silently.
     const syncLogged = sync.pipe(
-      Effect.catchAll((e) =>
-        Effect.suspend(() => {
-          // Once every 10 s while Redis is away, not every second.
-          if (Date.now() - warnedAt < 10_000) return Effect.void
-          warnedAt = Date.now()
-          return Effect.logWarning(`nodes: reading shared registrations failed: ${e.reason}`)
-        }),
+      Effect.catchAll((e) => warn(`nodes: reading shared registrations failed: ${e.reason}`)),
+      Effect.catchAllCause((cause) =>
+        Cause.isInterruptedOnly(cause)
+          ? Effect.failCause(cause)
+          : Effect.logError("nodes: syncing shared registrations failed", cause),
       ),
     )
 
