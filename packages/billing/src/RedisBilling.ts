@@ -178,13 +178,7 @@ export const make = (
     const full = yield* Effect.makeLatch(false)
 
     // One warning every 10 s while Redis is away, not one per sweep or request.
-    let warnedAt = Number.NEGATIVE_INFINITY
-    const throttled = (message: string) =>
-      Effect.suspend(() => {
-        if (Date.now() - warnedAt < 10_000) return Effect.void
-        warnedAt = Date.now()
-        return Effect.logWarning(message)
-      })
+    const throttled = R.throttledWarning(10_000)
 
     const priceOf = (model: string) => {
       const price = prices.get(model)

@@ -53,14 +53,8 @@ export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOpt
     const redis: Redis = yield* R.connect(options.url, 1_000)
     const subscriber: Redis = yield* R.connect(options.url, 1_000)
 
-    let warnedAt = Number.NEGATIVE_INFINITY
     // Once every 10 s while it lasts (Redis away, an unreadable entry), not at every sync.
-    const warn = (message: string) =>
-      Effect.suspend(() => {
-        if (Date.now() - warnedAt < 10_000) return Effect.void
-        warnedAt = Date.now()
-        return Effect.logWarning(message)
-      })
+    const warn = R.throttledWarning(10_000)
 
     const sync = Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis

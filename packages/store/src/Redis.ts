@@ -257,6 +257,20 @@ export const send = <E = RedisFailure>(
   })
 }
 
+/**
+ * A warning logger that lets one message through per `intervalMillis` and drops the rest: while
+ * Redis is away, every sweep, sync or request would otherwise log the same outage.
+ */
+export const throttledWarning = (intervalMillis: number) => {
+  let warnedAt = Number.NEGATIVE_INFINITY
+  return (message: string): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      if (Date.now() - warnedAt < intervalMillis) return Effect.void
+      warnedAt = Date.now()
+      return Effect.logWarning(message)
+    })
+}
+
 /** One ioredis call; its rejection becomes a `RedisFailure`. */
 export const command = <A>(use: () => Promise<A>): Effect.Effect<A, RedisFailure> =>
   Effect.tryPromise({ try: use, catch: failure })
