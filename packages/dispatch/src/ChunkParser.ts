@@ -10,7 +10,8 @@
  * context-free, so the same bytes before a string token put the parser in the
  * same state, and the template was checked when it was made by parsing it
  * with each of two probe values in place of the text (each must come back as
- * the content, so the literal is that field and no other). Anything else — other
+ * the content, so the literal is that field and no other; one probe suffices
+ * when the chunk's own text is not that probe). Anything else — other
  * bytes, an escape the fast read does not take, a control character — is
  * parsed in full with `JSON.parse`, exactly as without a template.
  */
@@ -32,7 +33,8 @@ interface ChoiceChunk {
 
 /**
  * Two probes, because a node's text may itself be one of them: a literal that
- * is not the content leaves the content as it was, which cannot equal both.
+ * is not the content leaves the content as it was, so a probe other than the
+ * chunk's own text can only come back as the content from the content's literal.
  */
 export const PROBES: readonly [string, string] = ["swarmgate:template-probe:1", "swarmgate:template-probe:2"]
 const QUOTE = 34
@@ -121,7 +123,7 @@ export class ChunkParser {
       this.templates < MAX_TEMPLATES
     ) {
       this.templates++
-      this.learn(data, fields.finishReason)
+      this.learn(data, fields.content, fields.finishReason)
     }
     return fields
   }
@@ -148,7 +150,7 @@ export class ChunkParser {
   }
 
   /** Finds the literal that is `choices[0].delta.content` in `data`, and keeps what surrounds it. */
-  private learn(data: string, finishReason: string | undefined): void {
+  private learn(data: string, content: string, finishReason: string | undefined): void {
     let at = data.indexOf('"content"')
     while (at >= 0) {
       let i = at + 9
@@ -158,7 +160,7 @@ export class ChunkParser {
         while (i < data.length && isWhitespace(data.charCodeAt(i))) i++
         if (data.charCodeAt(i) === QUOTE) {
           const end = closingQuote(data, i + 1)
-          if (end > 0 && this.verify(data, i, end, finishReason)) {
+          if (end > 0 && this.verify(data, i, end, content, finishReason)) {
             this.prefix = own(data.slice(0, i + 1))
             this.suffix = own(data.slice(end + 1))
             this.templateFinish = finishReason
@@ -171,22 +173,28 @@ export class ChunkParser {
   }
 
   /**
-   * Whether the literal at `open`…`close` is the content: with either probe in
-   * its place, that probe is the content (so the literal was the content's value).
+   * Whether the literal at `open`…`close` is the content of `data` (whose
+   * content is `content`): with a probe other than `content` in its place,
+   * that probe is the content. A literal that is not the content's would
+   * have left `content`, the key of another field would have taken the
+   * content away: one parse instead of one per probe.
    */
-  private verify(data: string, open: number, close: number, finishReason: string | undefined): boolean {
-    const before = data.slice(0, open)
-    const after = data.slice(close + 1)
-    for (const probe of PROBES) {
-      try {
-        const probed = JSON.parse(`${before}${JSON.stringify(probe)}${after}`) as ChoiceChunk
-        const fields = fieldsOf(probed, { content: undefined, finishReason: undefined, error: undefined })
-        if (fields.content !== probe || fields.finishReason !== finishReason || fields.error !== undefined)
-          return false
-      } catch {
-        return false
-      }
+  private verify(
+    data: string,
+    open: number,
+    close: number,
+    content: string,
+    finishReason: string | undefined,
+  ): boolean {
+    const probe = content === PROBES[0] ? PROBES[1] : PROBES[0]
+    try {
+      const probed = JSON.parse(
+        `${data.slice(0, open)}${JSON.stringify(probe)}${data.slice(close + 1)}`,
+      ) as ChoiceChunk
+      const fields = fieldsOf(probed, { content: undefined, finishReason: undefined, error: undefined })
+      return fields.content === probe && fields.finishReason === finishReason && fields.error === undefined
+    } catch {
+      return false
     }
-    return true
   }
 }
