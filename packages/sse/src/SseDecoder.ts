@@ -30,6 +30,10 @@ const CR = 13
 const SPACE = 32
 const BOM = 0xfeff
 
+/** Whether `text[start, end)` is `name`. */
+const isField = (text: string, start: number, end: number, name: string): boolean =>
+  end - start === name.length && text.startsWith(name, start)
+
 /**
  * Feed it chunks with `push`; each call returns the events completed by that
  * chunk. Lines may end with LF, CRLF or CR and may be split anywhere across
@@ -117,16 +121,22 @@ export class SseDecoder {
       let i = nextLF === -1 ? nextCR : nextCR === -1 ? nextLF : Math.min(nextLF, nextCR)
       if (i === -1) break
       const c = text.charCodeAt(i)
-      let line = text.slice(start, i)
       if (this.partial.length > 0) {
-        line = this.partial + line
+        const line = this.partial + text.slice(start, i)
         this.partial = ""
+        if (line.length > this.maxEventChars) {
+          this.overflow()
+          return
+        }
+        this.line(line, 0, line.length, events)
+      } else {
+        if (i - start > this.maxEventChars) {
+          this.overflow()
+          return
+        }
+        // The line read where it lies: only its value is sliced (one string per line, not three).
+        this.line(text, start, i, events)
       }
-      if (line.length > this.maxEventChars) {
-        this.overflow()
-        return
-      }
-      this.line(line, events)
       if (c === CR) {
         if (i + 1 < length) {
           if (text.charCodeAt(i + 1) === LF) i++
@@ -149,41 +159,34 @@ export class SseDecoder {
     this.hasData = false
   }
 
-  private line(line: string, events: Array<SseEvent>): void {
-    if (line.length === 0) {
+  /** The line `text[start, end)`. */
+  private line(text: string, start: number, end: number, events: Array<SseEvent>): void {
+    if (end === start) {
       this.dispatch(events)
       return
     }
-    const colon = line.indexOf(":")
-    if (colon === 0) return
-    let field: string
-    let value: string
-    if (colon === -1) {
-      field = line
-      value = ""
-    } else {
-      field = line.slice(0, colon)
-      value = line.slice(line.charCodeAt(colon + 1) === SPACE ? colon + 2 : colon + 1)
-    }
-    switch (field) {
-      case "data":
-        if (this.hasData) {
-          this.data = `${this.data}\n${value}`
-          if (this.data.length > this.maxEventChars) this.overflow()
-        } else {
-          this.data = value
-          this.hasData = true
-        }
-        return
-      case "event":
-        this.eventType = value
-        return
-      case "id":
-        if (value.indexOf("\u0000") === -1) this.lastEventId = value
-        return
-      case "retry":
-        if (/^[0-9]+$/.test(value)) this.reconnectionTime = Number(value)
-        return
+    let colon = text.indexOf(":", start)
+    if (colon >= end) colon = -1
+    if (colon === start) return
+    const fieldEnd = colon === -1 ? end : colon
+    const value =
+      colon === -1
+        ? ""
+        : text.slice(text.charCodeAt(colon + 1) === SPACE && colon + 1 < end ? colon + 2 : colon + 1, end)
+    // The field compared where it lies: no string made for it.
+    if (isField(text, start, fieldEnd, "data")) {
+      if (this.hasData) {
+        this.data = `${this.data}\n${value}`
+        if (this.data.length > this.maxEventChars) this.overflow()
+      } else {
+        this.data = value
+        this.hasData = true
+      }
+    } else if (isField(text, start, fieldEnd, "event")) this.eventType = value
+    else if (isField(text, start, fieldEnd, "id")) {
+      if (value.indexOf("\u0000") === -1) this.lastEventId = value
+    } else if (isField(text, start, fieldEnd, "retry")) {
+      if (/^[0-9]+$/.test(value)) this.reconnectionTime = Number(value)
     }
   }
 
