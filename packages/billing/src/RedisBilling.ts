@@ -9,6 +9,9 @@
  * - Holds are leases: the instance renews its open holds every third of
  *   `leaseMillis`; when it dies they stop being renewed and any instance's
  *   sweep returns their money within a lease and a sweep (`sweepMillis`).
+ * - A settlement that cannot reach Redis is sent again every second until
+ *   Redis answers: the request that ran is charged once it is back, unless
+ *   its hold lapsed first (then it returned the money, uncharged).
  * - Settled charges wait in a Redis queue, not in the process: any instance's
  *   writer claims a batch, writes it and acknowledges it. A writer that dies
  *   mid-batch loses its claim after `claimMillis` and another writes the
@@ -66,6 +69,20 @@ export interface RedisBillingOptions extends BillingOptions {
 export const DEFAULT_PREFIX = "swarmgate:"
 export const DEFAULT_LEASE_MILLIS = 15_000
 export const DEFAULT_CLAIM_MILLIS = 30_000
+/** How often settlements that could not reach Redis are sent again. */
+const LATE_SETTLE_MILLIS = 1_000
+/** Settlements kept for a later send, at most; beyond, a failed one lapses as its hold does. */
+const MAX_LATE_SETTLEMENTS = 100_000
+/** How long a settlement is kept for a later send. */
+const MAX_LATE_MILLIS = 60 * 60_000
+
+/** A settlement that could not reach Redis: the usage record and the script's keys and arguments. */
+interface LateSettlement {
+  readonly entry: Ledger.UsageEntry
+  readonly keys: ReadonlyArray<string>
+  readonly args: ReadonlyArray<string | number>
+  readonly since: number
+}
 
 /** Idle accounts and keys leave Redis after this; the next request seeds them from the ledger again. */
 const IDLE_TTL_MILLIS = 30 * 24 * 3600 * 1000
@@ -461,25 +478,66 @@ export const make = (
       return { entry, keys, args }
     }
 
+    /**
+     * Settlements whose script could not reach Redis, by request id: sent again every second
+     * until Redis answers. The hold keeps its money until it is charged or lapses, so a late
+     * charge spends only what was held; the script resolves a request once, so a reply lost on
+     * the way (the script ran) costs no second charge; and a hold that lapsed meanwhile answers
+     * "resolved", uncharged, as before.
+     */
+    const late = new Map<string, LateSettlement>()
+    // Open while settlements wait: the loop sleeps on it otherwise.
+    const lateWaiting = yield* Effect.makeLatch(false)
+
     /** The charge's script (`first`, retried as `again`), then the writer told; the entry if it charged. */
     function* chargedBody(
       requestId: string,
-      entry: Ledger.UsageEntry,
+      settlement: ReturnType<typeof settlementOf>,
       first: Effect.Effect<unknown, R.RedisFailure>,
       again: Effect.Effect<unknown, R.RedisFailure>,
     ) {
-      const charged = yield* Effect.gen(() => retriedBody(first, again)).pipe(
-        Effect.catchAll((e) =>
-          Effect.as(
-            Effect.logError(
-              `billing: settling ${requestId} failed (${e.reason}); its hold lapses within the lease, uncharged`,
-            ),
-            0,
-          ),
-        ),
+      const charged = yield* Effect.either(Effect.gen(() => retriedBody(first, again)))
+      if (charged._tag === "Right") return afterCharge(settlement.entry, charged.right)
+      if (late.size >= MAX_LATE_SETTLEMENTS) {
+        yield* Effect.logError(
+          `billing: settling ${requestId} failed (${charged.left.reason}); its hold lapses within the lease, uncharged`,
+        )
+        return undefined
+      }
+      late.set(requestId, { ...settlement, since: yield* Clock.currentTimeMillis })
+      lateWaiting.unsafeOpen()
+      yield* throttled(
+        `billing: settling ${requestId} failed (${charged.left.reason}); it is sent again once Redis answers`,
       )
-      return afterCharge(entry, charged)
+      return undefined
     }
+
+    /** One round of the late settlements, oldest first, until Redis fails again. */
+    const settleLate = Effect.gen(function* () {
+      if (late.size === 0) return
+      const now = yield* Clock.currentTimeMillis
+      for (const [requestId, pending] of [...late]) {
+        if (now - pending.since > MAX_LATE_MILLIS) {
+          if (!late.delete(requestId)) continue
+          yield* Effect.logError(
+            `billing: settling ${requestId} could not reach Redis for ${MAX_LATE_MILLIS / 60_000} minutes; its hold lapses, uncharged`,
+          )
+          continue
+        }
+        // Taken while it is sent: a round running beside this one (the shutdown's) skips it.
+        if (!late.delete(requestId)) continue
+        const reply = yield* Effect.either(run(Scripts.settle, pending.keys, pending.args))
+        if (reply._tag === "Left") {
+          // Still away: it and the rest wait for the next round.
+          late.set(requestId, pending)
+          return
+        }
+        if (afterCharge(pending.entry, reply.right) === undefined)
+          yield* Effect.logWarning(
+            `billing: ${requestId} was not charged once Redis answered: its hold had lapsed (or it was resolved)`,
+          )
+      }
+    })
     /** The settle script's reply: charged (the writer told), or not (resolved already, or expired). */
     const afterCharge = (entry: Ledger.UsageEntry, charged: unknown) => {
       if (Number(charged) !== 1) return undefined
@@ -507,9 +565,9 @@ export const make = (
       const hold = local.get(requestId)
       if (hold === undefined) return undefined
       local.delete(requestId)
-      const { entry, keys, args } = settlementOf(requestId, hold, settlement, yield* Clock.currentTimeMillis)
-      const script = run(Scripts.settle, keys, args)
-      return yield* chargedBody(requestId, entry, script, script)
+      const settled = settlementOf(requestId, hold, settlement, yield* Clock.currentTimeMillis)
+      const script = run(Scripts.settle, settled.keys, settled.args)
+      return yield* chargedBody(requestId, settled, script, script)
     }
     const settle = (requestId: string, settlement: Settlement) =>
       Effect.uninterruptible(Effect.gen(() => settleBody(requestId, settlement)))
@@ -524,13 +582,20 @@ export const make = (
       const hold = local.get(requestId)
       if (hold === undefined) return Effect.succeed(undefined)
       local.delete(requestId)
-      const { entry, keys, args } = settlementOf(requestId, hold, settlement, now)
+      const settled = settlementOf(requestId, hold, settlement, now)
       // The common answer in one step; a failure goes through the retries.
       return Effect.uninterruptible(
-        Effect.matchEffect(R.send(redis, Scripts.settle, keys, args), {
-          onSuccess: (charged) => Effect.succeed(afterCharge(entry, charged)),
+        Effect.matchEffect(R.send(redis, Scripts.settle, settled.keys, settled.args), {
+          onSuccess: (charged) => Effect.succeed(afterCharge(settled.entry, charged)),
           onFailure: (e) =>
-            Effect.gen(() => chargedBody(requestId, entry, Effect.fail(e), run(Scripts.settle, keys, args))),
+            Effect.gen(() =>
+              chargedBody(
+                requestId,
+                settled,
+                Effect.fail(e),
+                run(Scripts.settle, settled.keys, settled.args),
+              ),
+            ),
         }),
       )
     }
@@ -756,6 +821,17 @@ export const make = (
       Effect.zipRight(Effect.sleep(sweepMillis), flush.pipe(Effect.catchAll(logWriteFailure))),
     )
     yield* BackgroundLoop.fork(
+      "late settlements",
+      Effect.gen(function* () {
+        yield* lateWaiting.await
+        yield* Effect.sleep(LATE_SETTLE_MILLIS)
+        // Closed before the round: one added meanwhile opens it again.
+        lateWaiting.unsafeClose()
+        yield* settleLate
+        if (late.size > 0) lateWaiting.unsafeOpen()
+      }),
+    )
+    yield* BackgroundLoop.fork(
       "hold renewal",
       Effect.gen(function* () {
         yield* Effect.sleep(Math.max(1, Math.floor(leaseMillis / 3)))
@@ -770,6 +846,11 @@ export const make = (
       Effect.gen(function* () {
         for (let waited = 0; local.size > 0 && waited < shutdownWaitMillis; waited += 20) yield* sleepReal(20)
         for (const id of [...local.keys()]) yield* voidHold(id)
+        yield* settleLate
+        if (late.size > 0)
+          yield* Effect.logError(
+            `billing: ${late.size} settlement(s) could not reach Redis; their holds lapse within the lease, uncharged`,
+          )
         let written = false
         for (let attempt = 0; attempt < 3 && !written; attempt++) {
           const result = yield* Effect.either(flush)

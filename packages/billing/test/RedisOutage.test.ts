@@ -88,6 +88,80 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
     )
 
     it.live(
+      "a settlement made while Redis is away is charged once it is back, within its hold's lease",
+      () =>
+        Effect.gen(function* () {
+          const redis = yield* Effect.promise(() => proxy(new URL(url)))
+          const account = yield* seed(100_000)
+          const b = yield* RedisBilling.make({
+            ...options,
+            leaseMillis: 10_000,
+            commandTimeoutMillis: 200,
+            url: redis.url(),
+            prefix: `${prefix}late:`,
+          })
+          const hold = yield* b.reserve(request(account))
+          yield* Effect.promise(redis.cut)
+          // The request ran; its settlement cannot reach Redis.
+          expect(
+            yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" }),
+          ).toBeUndefined()
+          yield* Effect.promise(redis.restore)
+          // 10 × 100 + 20 × 200, charged once Redis answers — long before the 10 s lease lapses.
+          yield* eventually(
+            Effect.map(b.accountMoney([account.accountId]), (money) => {
+              const m = money.get(account.accountId)
+              return m?.availableMicros === 95_000 && m.heldMicros === 0 && m.spentMonthMicros === 5_000
+            }),
+            5_000,
+          )
+          yield* b.flush
+          expect((yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)).toEqual([5_000])
+          expect((yield* LedgerCheck.check).problems).toEqual([])
+        }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
+      20_000,
+    )
+
+    it.live(
+      "a settlement kept past its hold's lease: charged once or returned, never both",
+      () =>
+        Effect.gen(function* () {
+          const redis = yield* Effect.promise(() => proxy(new URL(url)))
+          const account = yield* seed(100_000)
+          const b = yield* RedisBilling.make({
+            ...options,
+            commandTimeoutMillis: 200,
+            url: redis.url(),
+            prefix: `${prefix}lapsed:`,
+          })
+          const hold = yield* b.reserve(request(account))
+          yield* Effect.promise(redis.cut)
+          yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" })
+          // Away for longer than the 300 ms lease: once back, the sweep and the late settlement race.
+          yield* Effect.sleep(1_000)
+          yield* Effect.promise(redis.restore)
+          yield* eventually(
+            Effect.map(
+              b.accountMoney([account.accountId]),
+              (money) => money.get(account.accountId)?.heldMicros === 0,
+            ),
+            5_000,
+          )
+          // Past the late settlement's next round: nothing moves after the hold is resolved.
+          yield* Effect.sleep(1_500)
+          yield* b.flush
+          const available = (yield* b.accountMoney([account.accountId])).get(
+            account.accountId,
+          )?.availableMicros
+          const usage = (yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)
+          expect([100_000, 95_000]).toContain(available)
+          expect(usage).toEqual(available === 95_000 ? [5_000] : [])
+          expect((yield* LedgerCheck.check).problems).toEqual([])
+        }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
+      20_000,
+    )
+
+    it.live(
       "open: holds against the instance's memory book, and its charges reach the shared book when Redis is back",
       () =>
         Effect.gen(function* () {
