@@ -11,7 +11,8 @@
  *   sweep returns their money within a lease and a sweep (`sweepMillis`).
  * - A settlement that cannot reach Redis is sent again every second until
  *   Redis answers: the request that ran is charged once it is back, unless
- *   its hold lapsed first (then it returned the money, uncharged).
+ *   its hold lapsed first (then it returned the money, uncharged) or the
+ *   `open` policy's memory book stood in meanwhile (it may have spent it).
  * - Settled charges wait in a Redis queue, not in the process: any instance's
  *   writer claims a batch, writes it and acknowledges it. A writer that dies
  *   mid-batch loses its claim after `claimMillis` and another writes the
@@ -479,13 +480,17 @@ export const make = (
     }
 
     /**
-     * Settlements whose script could not reach Redis, by request id: sent again every second
-     * until Redis answers. The hold keeps its money until it is charged or lapses, so a late
-     * charge spends only what was held; the script resolves a request once, so a reply lost on
-     * the way (the script ran) costs no second charge; and a hold that lapsed meanwhile answers
-     * "resolved", uncharged, as before.
+     * Settlements whose script could not reach Redis, by request id, in the order they failed:
+     * sent again every second until Redis answers. The hold keeps its money until it is charged
+     * or lapses, so a late charge spends only what was held; the script resolves a request once,
+     * so a reply lost on the way (the script ran) costs no second charge; and a hold that lapsed
+     * meanwhile answers "resolved", uncharged, as before. Not with the `open` policy: its memory
+     * book, seeded from the ledger, knows nothing of the holds in Redis and may have spent their
+     * money meanwhile, so there they lapse uncharged.
      */
     const late = new Map<string, LateSettlement>()
+    /** Those being sent now: a round running beside another (the shutdown's) skips them. */
+    const sending = new Set<string>()
     // Open while settlements wait: the loop sleeps on it otherwise.
     const lateWaiting = yield* Effect.makeLatch(false)
 
@@ -498,7 +503,7 @@ export const make = (
     ) {
       const charged = yield* Effect.either(Effect.gen(() => retriedBody(first, again)))
       if (charged._tag === "Right") return afterCharge(settlement.entry, charged.right)
-      if (late.size >= MAX_LATE_SETTLEMENTS) {
+      if (late.size >= MAX_LATE_SETTLEMENTS || options.onRedisFailure === "open") {
         yield* Effect.logError(
           `billing: settling ${requestId} failed (${charged.left.reason}); its hold lapses within the lease, uncharged`,
         )
@@ -512,30 +517,38 @@ export const make = (
       return undefined
     }
 
-    /** One round of the late settlements, oldest first, until Redis fails again. */
+    /** One settlement sent again: false while Redis is still away. Whole, once begun (the shutdown waits). */
+    const settleOneLate = (requestId: string, pending: LateSettlement) =>
+      Effect.uninterruptible(
+        Effect.gen(function* () {
+          sending.add(requestId)
+          const reply = yield* Effect.either(run(Scripts.settle, pending.keys, pending.args))
+          sending.delete(requestId)
+          if (reply._tag === "Left") return false
+          late.delete(requestId)
+          if (afterCharge(pending.entry, reply.right) === undefined)
+            yield* Effect.logWarning(
+              `billing: ${requestId} was already resolved when Redis answered again (its hold lapsed, or an earlier try charged it and its reply was lost)`,
+            )
+          return true
+        }),
+      )
+
+    /** One round of the late settlements: the too old given up, then the rest in order until Redis fails again. */
     const settleLate = Effect.gen(function* () {
       if (late.size === 0) return
       const now = yield* Clock.currentTimeMillis
+      for (const [requestId, pending] of late) {
+        if (now - pending.since <= MAX_LATE_MILLIS || sending.has(requestId)) continue
+        late.delete(requestId)
+        yield* Effect.logError(
+          `billing: settling ${requestId} could not reach Redis for ${MAX_LATE_MILLIS / 60_000} minutes; its hold lapses, uncharged`,
+        )
+      }
       for (const [requestId, pending] of [...late]) {
-        if (now - pending.since > MAX_LATE_MILLIS) {
-          if (!late.delete(requestId)) continue
-          yield* Effect.logError(
-            `billing: settling ${requestId} could not reach Redis for ${MAX_LATE_MILLIS / 60_000} minutes; its hold lapses, uncharged`,
-          )
-          continue
-        }
-        // Taken while it is sent: a round running beside this one (the shutdown's) skips it.
-        if (!late.delete(requestId)) continue
-        const reply = yield* Effect.either(run(Scripts.settle, pending.keys, pending.args))
-        if (reply._tag === "Left") {
-          // Still away: it and the rest wait for the next round.
-          late.set(requestId, pending)
-          return
-        }
-        if (afterCharge(pending.entry, reply.right) === undefined)
-          yield* Effect.logWarning(
-            `billing: ${requestId} was not charged once Redis answered: its hold had lapsed (or it was resolved)`,
-          )
+        if (sending.has(requestId) || !late.has(requestId)) continue
+        // Still away: the rest waits for the next round.
+        if (!(yield* settleOneLate(requestId, pending))) return
       }
     })
     /** The settle script's reply: charged (the writer told), or not (resolved already, or expired). */
@@ -828,6 +841,8 @@ export const make = (
         // Closed before the round: one added meanwhile opens it again.
         lateWaiting.unsafeClose()
         yield* settleLate
+        // A round of the loop may be sending some still (each send ends within the command timeout).
+        for (let waited = 0; sending.size > 0 && waited < 2_000; waited += 20) yield* sleepReal(20)
         if (late.size > 0) lateWaiting.unsafeOpen()
       }),
     )
@@ -847,6 +862,8 @@ export const make = (
         for (let waited = 0; local.size > 0 && waited < shutdownWaitMillis; waited += 20) yield* sleepReal(20)
         for (const id of [...local.keys()]) yield* voidHold(id)
         yield* settleLate
+        // A round of the loop may be sending some still (each send ends within the command timeout).
+        for (let waited = 0; sending.size > 0 && waited < 2_000; waited += 20) yield* sleepReal(20)
         if (late.size > 0)
           yield* Effect.logError(
             `billing: ${late.size} settlement(s) could not reach Redis; their holds lapse within the lease, uncharged`,

@@ -87,8 +87,92 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
       20_000,
     )
 
+    /** A book behind a proxy, a hold of 11,000 placed on a 100,000 account, then Redis cut. */
+    const holdThenCut = (
+      name: string,
+      extra: Partial<RedisBilling.RedisBillingOptions> = {},
+      ttlMillis = 60_000,
+    ) =>
+      Effect.gen(function* () {
+        const redis = yield* Effect.promise(() => proxy(new URL(url)))
+        const account = yield* seed(100_000)
+        const b = yield* RedisBilling.make({
+          ...options,
+          commandTimeoutMillis: 200,
+          url: redis.url(),
+          prefix: `${prefix}${name}:`,
+          ...extra,
+        })
+        const hold = yield* b.reserve(request(account, { ttlMillis }))
+        yield* Effect.promise(redis.cut)
+        const shared = new Redis(url)
+        yield* Effect.addFinalizer(() => Effect.sync(() => shared.disconnect()))
+        const book = `${prefix}${name}:{billing}:`
+        /** The shared book itself, not the ledger's view that stands in while Redis is away. */
+        const inRedis = Effect.promise(async () => ({
+          balance: Number(await shared.hget(`${book}a:${account.accountId}`, "bal")),
+          holds: await shared.hlen(`${book}h`),
+        }))
+        return { redis, account, b, hold, inRedis }
+      })
+
     it.live(
       "a settlement made while Redis is away is charged once it is back, within its hold's lease",
+      () =>
+        Effect.gen(function* () {
+          const { redis, account, b, hold, inRedis } = yield* holdThenCut("late", { leaseMillis: 10_000 })
+          // The request ran; its settlement cannot reach Redis.
+          expect(
+            yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" }),
+          ).toBeUndefined()
+          yield* Effect.promise(redis.restore)
+          // 10 × 100 + 20 × 200, charged once Redis answers — long before the 10 s lease lapses.
+          yield* eventually(
+            Effect.map(inRedis, (book) => book.balance === 95_000 && book.holds === 0),
+            5_000,
+          )
+          expect((yield* b.accountMoney([account.accountId])).get(account.accountId)).toEqual({
+            availableMicros: 95_000,
+            heldMicros: 0,
+            spentMonthMicros: 5_000,
+          })
+          yield* b.flush
+          expect((yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)).toEqual([5_000])
+          expect((yield* LedgerCheck.check).problems).toEqual([])
+        }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
+      20_000,
+    )
+
+    it.live(
+      "a settlement kept past its hold's lease: once the hold is gone nothing moves, and book and ledger agree",
+      () =>
+        Effect.gen(function* () {
+          const { redis, account, b, hold, inRedis } = yield* holdThenCut("lapsed")
+          yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" })
+          // Away for longer than the 300 ms lease: once back, the sweep and the late settlement race.
+          yield* Effect.sleep(1_000)
+          yield* Effect.promise(redis.restore)
+          yield* eventually(
+            Effect.map(inRedis, (book) => book.holds === 0),
+            5_000,
+          )
+          const resolved = yield* inRedis
+          // Past the late settlements' next round: a resolved hold is never charged again.
+          yield* Effect.sleep(1_500)
+          yield* b.flush
+          expect(yield* inRedis).toEqual(resolved)
+          // Charged once (95,000) or returned (100,000), and the ledger says the same.
+          expect([100_000, 95_000]).toContain(resolved.balance)
+          const ledger = yield* ledgerOf(account.accountId)
+          expect(ledger.balance).toBe(resolved.balance)
+          expect(ledger.usage.map((u) => u.cost)).toEqual(resolved.balance === 95_000 ? [5_000] : [])
+          expect((yield* LedgerCheck.check).problems).toEqual([])
+        }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
+      20_000,
+    )
+
+    it.live(
+      "a settlement of last month sent late counts as last month's spend, not this month's",
       () =>
         Effect.gen(function* () {
           const redis = yield* Effect.promise(() => proxy(new URL(url)))
@@ -98,64 +182,61 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
             leaseMillis: 10_000,
             commandTimeoutMillis: 200,
             url: redis.url(),
-            prefix: `${prefix}late:`,
+            prefix: `${prefix}late-month:`,
           })
-          const hold = yield* b.reserve(request(account))
+          // This month: 5,000 spent.
+          const now = Date.now()
+          const first = yield* b.reserve(request(account))
+          yield* b.settle(first.requestId, { completionTokens: 20, outcome: "completed" })
+          // A request that ended last month (its settlement's own clock), settled while Redis is away.
+          const sent = b.reserveSent!(request(account), now)
+          const held = yield* sent.hold
           yield* Effect.promise(redis.cut)
-          // The request ran; its settlement cannot reach Redis.
-          expect(
-            yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" }),
-          ).toBeUndefined()
+          const lastMonth = Date.UTC(new Date(now).getUTCFullYear(), new Date(now).getUTCMonth(), 1) - 1_000
+          yield* sent.resolve({ completionTokens: 20, outcome: "completed" }, lastMonth)
           yield* Effect.promise(redis.restore)
-          // 10 × 100 + 20 × 200, charged once Redis answers — long before the 10 s lease lapses.
+          const shared = new Redis(url)
+          yield* Effect.addFinalizer(() => Effect.sync(() => shared.disconnect()))
+          const a = `${prefix}late-month:{billing}:a:${account.accountId}`
           yield* eventually(
-            Effect.map(b.accountMoney([account.accountId]), (money) => {
-              const m = money.get(account.accountId)
-              return m?.availableMicros === 95_000 && m.heldMicros === 0 && m.spentMonthMicros === 5_000
-            }),
+            Effect.promise(async () => (await shared.hget(a, "bal")) === "90000"),
             5_000,
           )
-          yield* b.flush
-          expect((yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)).toEqual([5_000])
-          expect((yield* LedgerCheck.check).problems).toEqual([])
+          expect(held.amountMicros).toBe(11_000)
+          // Charged, but this month's spend is still this month's 5,000.
+          expect(yield* Effect.promise(() => shared.hget(a, "spm"))).toBe("5000")
         }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
       20_000,
     )
 
     it.live(
-      "a settlement kept past its hold's lease: charged once or returned, never both",
+      "open: a hold whose settlement failed lapses uncharged — the memory book may have spent its money",
       () =>
         Effect.gen(function* () {
-          const redis = yield* Effect.promise(() => proxy(new URL(url)))
-          const account = yield* seed(100_000)
-          const b = yield* RedisBilling.make({
-            ...options,
-            commandTimeoutMillis: 200,
-            url: redis.url(),
-            prefix: `${prefix}lapsed:`,
+          const { redis, account, b, hold, inRedis } = yield* holdThenCut("open-late", {
+            leaseMillis: 10_000,
+            onRedisFailure: "open",
           })
-          const hold = yield* b.reserve(request(account))
-          yield* Effect.promise(redis.cut)
-          yield* b.settle(hold.requestId, { completionTokens: 20, outcome: "completed" })
-          // Away for longer than the 300 ms lease: once back, the sweep and the late settlement race.
-          yield* Effect.sleep(1_000)
-          yield* Effect.promise(redis.restore)
-          yield* eventually(
-            Effect.map(
-              b.accountMoney([account.accountId]),
-              (money) => money.get(account.accountId)?.heldMicros === 0,
-            ),
-            5_000,
-          )
-          // Past the late settlement's next round: nothing moves after the hold is resolved.
-          yield* Effect.sleep(1_500)
+          yield* b.settle(hold.requestId, { completionTokens: 50, outcome: "completed" })
+          // The memory book knows the ledger's 100,000, not the 11,000 held in Redis: it spends 99,000.
+          for (let i = 0; i < 9; i++) {
+            const during = yield* b.reserve(request(account))
+            yield* b.settle(during.requestId, { completionTokens: 50, outcome: "completed" })
+          }
           yield* b.flush
-          const available = (yield* b.accountMoney([account.accountId])).get(
-            account.accountId,
-          )?.availableMicros
-          const usage = (yield* ledgerOf(account.accountId)).usage.map((u) => u.cost)
-          expect([100_000, 95_000]).toContain(available)
-          expect(usage).toEqual(available === 95_000 ? [5_000] : [])
+          yield* Effect.promise(redis.restore)
+          // Back: the memory book's charges replayed; the failed settlement is not sent again
+          // (past two rounds of the late settlements), so the balance stays at 1,000.
+          yield* eventually(
+            Effect.map(inRedis, (book) => book.balance === 1_000),
+            10_000,
+          )
+          yield* Effect.sleep(2_500)
+          yield* b.flush
+          expect((yield* inRedis).balance).toBe(1_000)
+          const ledger = yield* ledgerOf(account.accountId)
+          expect(ledger.balance).toBe(1_000)
+          expect(ledger.usage.map((u) => u.requestId)).not.toContain(hold.requestId)
           expect((yield* LedgerCheck.check).problems).toEqual([])
         }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
       20_000,
