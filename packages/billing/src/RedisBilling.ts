@@ -76,6 +76,8 @@ const LATE_SETTLE_MILLIS = 1_000
 const MAX_LATE_SETTLEMENTS = 100_000
 /** How long a settlement is kept for a later send. */
 const MAX_LATE_MILLIS = 60 * 60_000
+/** At shutdown, how long the waiting settlements may still be sent. */
+const SHUTDOWN_LATE_MILLIS = 5_000
 
 /** A settlement that could not reach Redis: the usage record and the script's keys and arguments. */
 interface LateSettlement {
@@ -175,7 +177,8 @@ export const make = (
       claimDeadlines: `${base}wx`,
     }
 
-    const redis: Redis = yield* R.shared(options.url, options.commandTimeoutMillis ?? 1_000)
+    const commandTimeoutMillis = options.commandTimeoutMillis ?? 1_000
+    const redis: Redis = yield* R.shared(options.url, commandTimeoutMillis)
     const run = (script: Scripts.Script, keys: ReadonlyArray<string>, args: ReadonlyArray<string | number>) =>
       R.run(redis, script, keys, args)
     const unavailable =
@@ -517,13 +520,14 @@ export const make = (
       return undefined
     }
 
-    /** One settlement sent again: false while Redis is still away. Whole, once begun (the shutdown waits). */
+    /**
+     * One settlement sent again, claimed in `sending` by the caller: false while Redis is still
+     * away. Whole, once begun (the shutdown waits for it).
+     */
     const settleOneLate = (requestId: string, pending: LateSettlement) =>
       Effect.uninterruptible(
         Effect.gen(function* () {
-          sending.add(requestId)
           const reply = yield* Effect.either(run(Scripts.settle, pending.keys, pending.args))
-          sending.delete(requestId)
           if (reply._tag === "Left") return false
           late.delete(requestId)
           if (afterCharge(pending.entry, reply.right) === undefined)
@@ -531,26 +535,36 @@ export const make = (
               `billing: ${requestId} was already resolved when Redis answered again (its hold lapsed, or an earlier try charged it and its reply was lost)`,
             )
           return true
-        }),
+        }).pipe(Effect.ensuring(Effect.sync(() => sending.delete(requestId)))),
       )
 
-    /** One round of the late settlements: the too old given up, then the rest in order until Redis fails again. */
-    const settleLate = Effect.gen(function* () {
-      if (late.size === 0) return
-      const now = yield* Clock.currentTimeMillis
-      for (const [requestId, pending] of late) {
-        if (now - pending.since <= MAX_LATE_MILLIS || sending.has(requestId)) continue
-        late.delete(requestId)
-        yield* Effect.logError(
-          `billing: settling ${requestId} could not reach Redis for ${MAX_LATE_MILLIS / 60_000} minutes; its hold lapses, uncharged`,
-        )
-      }
-      for (const [requestId, pending] of [...late]) {
-        if (sending.has(requestId) || !late.has(requestId)) continue
-        // Still away: the rest waits for the next round.
-        if (!(yield* settleOneLate(requestId, pending))) return
-      }
-    })
+    /**
+     * One round of the late settlements: the too old given up, then the rest in order until Redis
+     * fails again (or, at shutdown, `until` passes).
+     */
+    const settleLate = (until = Number.POSITIVE_INFINITY) =>
+      Effect.gen(function* () {
+        if (late.size === 0) return
+        const now = yield* Clock.currentTimeMillis
+        let expired = 0
+        for (const [requestId, pending] of late) {
+          if (now - pending.since <= MAX_LATE_MILLIS || sending.has(requestId)) continue
+          late.delete(requestId)
+          expired++
+        }
+        if (expired > 0)
+          yield* Effect.logError(
+            `billing: ${expired} settlement(s) could not reach Redis for ${MAX_LATE_MILLIS / 60_000} minutes; their holds lapse, uncharged`,
+          )
+        for (const [requestId, pending] of [...late]) {
+          if (Date.now() >= until) return
+          if (sending.has(requestId) || !late.has(requestId)) continue
+          // Claimed in the same step as the check: a round running beside this one skips it.
+          sending.add(requestId)
+          // Still away: the rest waits for the next round.
+          if (!(yield* settleOneLate(requestId, pending))) return
+        }
+      })
     /** The settle script's reply: charged (the writer told), or not (resolved already, or expired). */
     const afterCharge = (entry: Ledger.UsageEntry, charged: unknown) => {
       if (Number(charged) !== 1) return undefined
@@ -840,7 +854,7 @@ export const make = (
         yield* Effect.sleep(LATE_SETTLE_MILLIS)
         // Closed before the round: one added meanwhile opens it again.
         lateWaiting.unsafeClose()
-        yield* settleLate
+        yield* settleLate()
         // A round of the loop may be sending some still (each send ends within the command timeout).
         for (let waited = 0; sending.size > 0 && waited < 2_000; waited += 20) yield* sleepReal(20)
         if (late.size > 0) lateWaiting.unsafeOpen()
@@ -861,9 +875,10 @@ export const make = (
       Effect.gen(function* () {
         for (let waited = 0; local.size > 0 && waited < shutdownWaitMillis; waited += 20) yield* sleepReal(20)
         for (const id of [...local.keys()]) yield* voidHold(id)
-        yield* settleLate
-        // A round of the loop may be sending some still (each send ends within the command timeout).
-        for (let waited = 0; sending.size > 0 && waited < 2_000; waited += 20) yield* sleepReal(20)
+        yield* settleLate(Date.now() + SHUTDOWN_LATE_MILLIS)
+        // A round of the loop may be sending one still (a send ends within two command timeouts).
+        for (let waited = 0; sending.size > 0 && waited < 2 * commandTimeoutMillis + 500; waited += 20)
+          yield* sleepReal(20)
         if (late.size > 0)
           yield* Effect.logError(
             `billing: ${late.size} settlement(s) could not reach Redis; their holds lapse within the lease, uncharged`,

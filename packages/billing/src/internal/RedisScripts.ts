@@ -127,8 +127,9 @@ local charge = math.max(0, math.min(tonumber(ARGV[3]), hold.amt))
 local a = ARGV[1] .. 'a:' .. hold.a
 roll(a, tonumber(ARGV[4]))
 redis.call('HINCRBY', a, 'bal', fmt(-charge))
--- A settlement sent late (Redis was away) may find the account in a later month: not that month's spend.
-if num(redis.call('HGET', a, 'month')) == tonumber(ARGV[4]) then redis.call('HINCRBY', a, 'spm', fmt(charge)) end
+-- Counted in the month the account is in, even for a settlement of an earlier one (sent late, or from
+-- an instance whose clock is behind): a month's spend is never less than what ran in it.
+redis.call('HINCRBY', a, 'spm', fmt(charge))
 redis.call('HINCRBY', ARGV[1] .. 'k:' .. hold.k, 'spent', fmt(charge))
 redis.call('RPUSH', KEYS[3], ARGV[5])
 return 1
