@@ -87,12 +87,8 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
       20_000,
     )
 
-    /** A book behind a proxy, a hold of 11,000 placed on a 100,000 account, then Redis cut. */
-    const holdThenCut = (
-      name: string,
-      extra: Partial<RedisBilling.RedisBillingOptions> = {},
-      ttlMillis = 60_000,
-    ) =>
+    /** A book behind a proxy that can cut Redis away, a 100,000 account, and a look at the shared book itself. */
+    const bookBehindProxy = (name: string, extra: Partial<RedisBilling.RedisBillingOptions> = {}) =>
       Effect.gen(function* () {
         const redis = yield* Effect.promise(() => proxy(new URL(url)))
         const account = yield* seed(100_000)
@@ -103,17 +99,26 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
           prefix: `${prefix}${name}:`,
           ...extra,
         })
-        const hold = yield* b.reserve(request(account, { ttlMillis }))
-        yield* Effect.promise(redis.cut)
         const shared = new Redis(url)
         yield* Effect.addFinalizer(() => Effect.sync(() => shared.disconnect()))
         const book = `${prefix}${name}:{billing}:`
         /** The shared book itself, not the ledger's view that stands in while Redis is away. */
         const inRedis = Effect.promise(async () => ({
           balance: Number(await shared.hget(`${book}a:${account.accountId}`, "bal")),
+          spentMonth: Number(await shared.hget(`${book}a:${account.accountId}`, "spm")),
+          keySpent: Number(await shared.hget(`${book}k:${account.keyId}`, "spent")),
           holds: await shared.hlen(`${book}h`),
         }))
-        return { redis, account, b, hold, inRedis }
+        return { redis, account, b, inRedis }
+      })
+
+    /** `bookBehindProxy`, a hold of 11,000 placed, then Redis cut. */
+    const holdThenCut = (name: string, extra: Partial<RedisBilling.RedisBillingOptions> = {}) =>
+      Effect.gen(function* () {
+        const setup = yield* bookBehindProxy(name, extra)
+        const hold = yield* setup.b.reserve(request(setup.account))
+        yield* Effect.promise(setup.redis.cut)
+        return { ...setup, hold }
       })
 
     it.live(
@@ -175,15 +180,7 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
       "a settlement of last month sent late counts in the month the account is in: never less spend than ran",
       () =>
         Effect.gen(function* () {
-          const redis = yield* Effect.promise(() => proxy(new URL(url)))
-          const account = yield* seed(100_000)
-          const b = yield* RedisBilling.make({
-            ...options,
-            leaseMillis: 10_000,
-            commandTimeoutMillis: 200,
-            url: redis.url(),
-            prefix: `${prefix}late-month:`,
-          })
+          const { redis, account, b, inRedis } = yield* bookBehindProxy("late-month", { leaseMillis: 10_000 })
           // This month: 5,000 spent.
           const now = Date.now()
           const first = yield* b.reserve(request(account))
@@ -195,17 +192,14 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
           const lastMonth = Date.UTC(new Date(now).getUTCFullYear(), new Date(now).getUTCMonth(), 1) - 1_000
           yield* sent.resolve({ completionTokens: 20, outcome: "completed" }, lastMonth)
           yield* Effect.promise(redis.restore)
-          const shared = new Redis(url)
-          yield* Effect.addFinalizer(() => Effect.sync(() => shared.disconnect()))
-          const a = `${prefix}late-month:{billing}:a:${account.accountId}`
           yield* eventually(
-            Effect.promise(async () => (await shared.hget(a, "bal")) === "90000"),
+            Effect.map(inRedis, (book) => book.balance === 90_000),
             5_000,
           )
           expect(held.amountMicros).toBe(11_000)
           // Charged, and counted against this month's spend limit too (as an instance whose clock is behind
           // would be): leaving it out would give the headroom back without its use.
-          expect(yield* Effect.promise(() => shared.hget(a, "spm"))).toBe("10000")
+          expect(yield* inRedis).toEqual({ balance: 90_000, spentMonth: 10_000, keySpent: 10_000, holds: 0 })
         }).pipe(Effect.scoped, Effect.provide(Database.layer("sqlite::memory:"))),
       20_000,
     )
@@ -247,14 +241,7 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
       "open: holds against the instance's memory book, and its charges reach the shared book when Redis is back",
       () =>
         Effect.gen(function* () {
-          const redis = yield* Effect.promise(() => proxy(new URL(url)))
-          const account = yield* seed(100_000)
-          const b = yield* RedisBilling.make({
-            ...options,
-            url: redis.url(),
-            prefix: `${prefix}open:`,
-            onRedisFailure: "open",
-          })
+          const { redis, account, b, inRedis } = yield* bookBehindProxy("open", { onRedisFailure: "open" })
           const first = yield* b.reserve(request(account))
           yield* b.settle(first.requestId, { completionTokens: 20, outcome: "completed" })
           yield* b.flush
@@ -271,17 +258,8 @@ describeRedis(describe, "the Redis book while Redis is unreachable", (url, prefi
           )
           yield* Effect.promise(redis.restore)
           // The shared book itself (not the memory book's view) learns of the charge made while it was away.
-          const shared = new Redis(url)
-          yield* Effect.addFinalizer(() => Effect.sync(() => shared.disconnect()))
-          const book = `${prefix}open:{billing}:`
           yield* eventually(
-            Effect.promise(async () => {
-              const [balance, spent] = await Promise.all([
-                shared.hget(`${book}a:${account.accountId}`, "bal"),
-                shared.hget(`${book}k:${account.keyId}`, "spent"),
-              ])
-              return balance === "88000" && spent === "12000"
-            }),
+            Effect.map(inRedis, (book) => book.balance === 88_000 && book.keySpent === 12_000),
             5_000,
           )
           const report = yield* LedgerCheck.check
