@@ -8,7 +8,7 @@ import { NodeContext } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { PgClient, PgMigrator } from "@effect/sql-pg"
 import { SqliteClient, SqliteMigrator } from "@effect/sql-sqlite-node"
-import { Config, Context, Data, Effect, Layer, Redacted } from "effect"
+import { Config, Context, Data, Duration, Effect, Layer, Redacted } from "effect"
 import { migrations } from "./Migrations"
 import * as SqliteWriter from "./SqliteWriter"
 
@@ -79,8 +79,19 @@ const ensurePgMigrationsTable = Effect.flatMap(SqlClient.SqlClient, (sql) =>
   ),
 )
 
-const postgres = (url: string) => {
-  const client = PgClient.layer({ url: Redacted.make(url), maxConnections: 10 })
+/**
+ * How long a new connection to PostgreSQL may take: without a bound, a server
+ * that accepts and never answers (or a dropped route) held start-up, and each
+ * query that needed a new connection, until the operating system gave up.
+ */
+export const PG_CONNECT_TIMEOUT_MILLIS = 10_000
+
+const postgres = (url: string, connectTimeoutMillis: number) => {
+  const client = PgClient.layer({
+    url: Redacted.make(url),
+    maxConnections: 10,
+    connectTimeout: Duration.millis(connectTimeoutMillis),
+  })
   return Layer.effectDiscard(
     Effect.zipRight(ensurePgMigrationsTable, PgMigrator.run({ loader: migrations })),
   ).pipe(Layer.provide(NodeContext.layer), Layer.provideMerge(client), Layer.merge(noWriter))
@@ -89,13 +100,19 @@ const postgres = (url: string) => {
 /** What `layer` provides: the SQL client, and for a SQLite file its writer thread. */
 export type Services = SqlClient.SqlClient | SqliteWriter.SqliteWriter
 
-/** A migrated `SqlClient` for the given URL (with a `SqliteWriter` for a SQLite file). */
-export const layer = (url: string): Layer.Layer<Services, unknown> =>
+/**
+ * A migrated `SqlClient` for the given URL (with a `SqliteWriter` for a SQLite file);
+ * `connectTimeoutMillis` bounds each new PostgreSQL connection.
+ */
+export const layer = (
+  url: string,
+  connectTimeoutMillis: number = PG_CONNECT_TIMEOUT_MILLIS,
+): Layer.Layer<Services, unknown> =>
   Layer.unwrapEffect(
     Effect.map(
       parseDatabaseUrl(url),
       (target): Layer.Layer<Services, unknown> =>
-        target._tag === "Sqlite" ? sqlite(target.filename) : postgres(target.url),
+        target._tag === "Sqlite" ? sqlite(target.filename) : postgres(target.url, connectTimeoutMillis),
     ),
   )
 

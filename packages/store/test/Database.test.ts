@@ -1,3 +1,5 @@
+import type { AddressInfo } from "node:net"
+import { createServer } from "node:net"
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { describe, expect, it, layer } from "@effect/vitest"
@@ -125,6 +127,23 @@ describe("parseDatabaseUrl", () => {
       )
       expect(error).toBeInstanceOf(Database.InvalidDatabaseUrl)
     }),
+  )
+
+  it.live("Database.layer gives up on a PostgreSQL server that accepts and never answers", () =>
+    Effect.gen(function* () {
+      // Accepts the connection and says nothing: without a connect timeout the start-up waited for good.
+      const silent = createServer(() => undefined)
+      yield* Effect.acquireRelease(
+        Effect.promise(() => new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve))),
+        () => Effect.sync(() => silent.close()),
+      )
+      const { port } = silent.address() as AddressInfo
+      const exit = yield* Effect.exit(
+        Effect.scoped(Layer.build(Database.layer(`postgres://postgres@127.0.0.1:${port}/test`, 300))),
+      )
+      // A failure, not a wait: the old start-up never ended (the test's own timeout is the bound).
+      expect(Exit.isFailure(exit)).toBe(true)
+    }).pipe(Effect.scoped),
   )
 })
 
