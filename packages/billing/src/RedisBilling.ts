@@ -855,8 +855,6 @@ export const make = (
         // Closed before the round: one added meanwhile opens it again.
         lateWaiting.unsafeClose()
         yield* settleLate()
-        // A round of the loop may be sending some still (each send ends within the command timeout).
-        for (let waited = 0; sending.size > 0 && waited < 2_000; waited += 20) yield* sleepReal(20)
         if (late.size > 0) lateWaiting.unsafeOpen()
       }),
     )

@@ -28,6 +28,7 @@ export interface SseEvent {
 const LF = 10
 const CR = 13
 const SPACE = 32
+const COLON = 58
 const BOM = 0xfeff
 
 /** Whether `text[start, end)` is `name`. */
@@ -165,8 +166,14 @@ export class SseDecoder {
       this.dispatch(events)
       return
     }
-    let colon = text.indexOf(":", start)
-    if (colon >= end) colon = -1
+    // Searched within the line only: `indexOf` would run on past it, to the end of the text, for every
+    // line without a colon (quadratic in a chunk of such lines).
+    let colon = -1
+    for (let i = start; i < end; i++)
+      if (text.charCodeAt(i) === COLON) {
+        colon = i
+        break
+      }
     if (colon === start) return
     const fieldEnd = colon === -1 ? end : colon
     const value =

@@ -120,6 +120,12 @@ describe("SseDecoder", () => {
     ])
   })
 
+  it("reads a chunk of three million lines without a colon in one pass", () => {
+    // Each line's field is looked for within the line: a search to the text's end per line would be
+    // ~10^13 steps here, minutes, past the test's timeout.
+    expect(decodeAll([`${"x\n".repeat(3_000_000)}data: a\n\n`])).toEqual([event("a")])
+  })
+
   it("joins data lines with LF and strips only one space after the colon", () => {
     expect(decodeAll(["data:a\ndata:  b\ndata\ndata: \n\n"])).toEqual([event("a\n b\n\n")])
   })
