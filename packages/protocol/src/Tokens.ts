@@ -14,8 +14,10 @@
  *   counted exactly.
  */
 import * as crypto from "node:crypto"
-import { countTokens, decode, encode } from "gpt-tokenizer"
 import { O200K_TOKEN_SPLIT_REGEX } from "gpt-tokenizer/encodingParams/constants"
+import { encoding } from "./internal/O200kBase"
+
+const { countTokens, decode, encode } = encoding
 
 /** Framing tokens around each message, and the reply primer, as OpenAI counts them. */
 const PER_MESSAGE = 3

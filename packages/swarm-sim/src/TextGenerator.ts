@@ -1,8 +1,8 @@
-import { countTokens } from "gpt-tokenizer"
 /**
  * Deterministic text for the simulated nodes: plausible English that picks up the
  * words of the prompt, split into word-sized pieces that play the role of tokens.
  */
+import { Tokens } from "@swarmgate/protocol"
 import { toPieces } from "./internal/Pieces"
 import { hashString, makePrng, type Prng, seedOf } from "./internal/Prng"
 import * as Vocabulary from "./internal/Vocabulary"
@@ -256,7 +256,7 @@ const composeJson = (rng: Prng, prompt: Prompt, images: Images, limit: number, e
   const toJson = (answer: string) =>
     `{"answer": ${JSON.stringify(answer)}, "topics": [${topics.map((topic) => JSON.stringify(topic)).join(", ")}], "confidence": ${confidence}}`
   // Measured in real (o200k) tokens, as the gateway counts them, so a fitted object is never cut.
-  const fits = (json: string) => limit < JSON_FIT_THRESHOLD || countTokens(json) <= limit
+  const fits = (json: string) => limit < JSON_FIT_THRESHOLD || Tokens.count(json) <= limit
 
   // Shrink in order of least damage: trailing sentences, then topics, then words.
   while (sentences.length > 1 && !fits(toJson(sentences.join(" ")))) sentences.pop()
