@@ -1,11 +1,13 @@
 /**
  * The process the crash test kills: billing on `DATABASE_URL`, reserving and
  * settling as fast as it can for the account and key given, with the ledger
- * written behind in batches. It prints `settled <n>` as it goes; the test
- * SIGKILLs it in the middle of that, batches in flight.
+ * written behind in batches. It prints `settled <n> written <m>` as it goes
+ * (m: the ledger's rows it reads back); the test SIGKILLs it in the middle of
+ * that, batches in flight.
  *
  *   tsx CrashWriter.ts <database-url> <account-id> <key-id>
  */
+import { SqlClient } from "@effect/sql"
 import { Database } from "@swarmgate/store"
 import { Effect, Layer } from "effect"
 import * as Billing from "../../src/Billing"
@@ -19,6 +21,7 @@ if (url === undefined || accountId === undefined || keyId === undefined) {
 
 const program = Effect.gen(function* () {
   const billing = yield* Billing.Billing
+  const sql = yield* SqlClient.SqlClient
   let settled = 0
   while (true) {
     // A burst of settlements between two batch windows, so a kill lands with charges queued and written.
@@ -39,13 +42,14 @@ const program = Effect.gen(function* () {
       yield* billing.settle(requestId, { completionTokens: 1 + (settled % 20), outcome: "completed" })
       settled++
     }
-    process.stdout.write(`settled ${settled}\n`)
+    const rows = yield* sql<{ n: unknown }>`SELECT COUNT(*) AS n FROM usage_records`
+    process.stdout.write(`settled ${settled} written ${Database.toNumber(rows[0]!.n)}\n`)
     yield* Effect.sleep(2)
   }
 })
 
 const layer = Billing.layer({ prices: PRICES, flushMillis: 5, batchMax: 37 }).pipe(
-  Layer.provide(Database.layer(url)),
+  Layer.provideMerge(Database.layer(url)),
 )
 
 Effect.runPromise(Effect.provide(program, layer)).catch((error) => {
