@@ -413,6 +413,10 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
           if (stopped || timedOut) abort()
         },
         onResponseStart: (c, statusCode, responseHeaders) => {
+          // The head was read (as `responseHeaders`): the controller, which the reader keeps for
+          // pause and resume, need not hold its raw form (a buffer per name and value) while the
+          // answer streams.
+          c.rawHeaders = null
           if (timedOut) return
           cancelTimer()
           if (statusCode < 200 || statusCode > 299) {

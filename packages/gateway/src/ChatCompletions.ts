@@ -28,6 +28,7 @@ import {
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
+import { flat, flatHeader } from "./internal/Flat"
 import type { NormalizedRequest } from "./RequestPolicy"
 
 /** What ran, for usage records and billing: set as the request goes. */
@@ -58,7 +59,22 @@ class CappedText {
   bytes = 0
   tokens = 0
   capped = false
+  /** Deltas appended since `text` was last made flat. */
+  private appended = 0
   constructor(readonly cap: number) {}
+  /**
+   * Grown by `+=`, the text is a rope (internal/Flat.ts): ~56 bytes per
+   * 4-character token, a 400-token answer ~23 KB instead of ~2. It is made
+   * flat after a number of deltas that grows with it, so the copying stays
+   * linear in the answer's length.
+   */
+  private append(delta: string): void {
+    this.text += delta
+    if (++this.appended >= Math.max(16, this.text.length >> 6)) {
+      this.appended = 0
+      flat(this.text)
+    }
+  }
   add(delta: string): string {
     if (this.capped || delta.length === 0) return ""
     // A token is at least one UTF-8 byte: while the text's bytes cannot reach the cap, nothing needs
@@ -66,7 +82,7 @@ class CappedText {
     if (this.tokens === 0) {
       const bytes = this.bytes + Buffer.byteLength(delta)
       if (bytes <= this.cap) {
-        this.text += delta
+        this.append(delta)
         this.bytes = bytes
         return delta
       }
@@ -75,13 +91,13 @@ class CappedText {
     // Bounded by what may still be sent: a huge delta from a node costs no more than the cap.
     const n = Tokens.count(delta, this.cap - this.tokens)
     if (this.tokens + n <= this.cap) {
-      this.text += delta
+      this.append(delta)
       this.tokens += n
       return delta
     }
     const allowed = Tokens.truncate(delta, this.cap - this.tokens)
     this.capped = true
-    this.text += allowed
+    this.append(allowed)
     this.tokens = this.cap
     return allowed
   }
@@ -322,13 +338,17 @@ function* answerBody(
   }
 
   const usageTail = request.includeUsage ? ',"usage":null}' : "}"
-  const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`
+  // Kept while the stream runs, so made flat (internal/Flat.ts), as are the framing strings below.
+  const head = flat(
+    `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(request.model)},"choices":[`,
+  )
   // Every part is JSON.stringify's (or fixed) text, so no raw line break can occur: one `data:`
   // line, framed here without encodeData's scan of each chunk.
   const chunk = (delta: string, finish: string) =>
     `data: ${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}\n\n`
 
   res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
+  flatHeader(res)
   outcome.headersSent = true
   // The role chunk goes out with what is written first (the node's first token is here already:
   // `run` waited for it), so that it and the first text are one `res.write` — each costs four
@@ -349,8 +369,8 @@ function* answerBody(
   }
 
   // A content chunk is the same text around each delta: built once per answer, not per token.
-  const contentOpen = `data: ${head}{"index":0,"delta":{"content":`
-  const contentClose = `},"finish_reason":null}]${usageTail}\n\n`
+  const contentOpen = flat(`data: ${head}{"index":0,"delta":{"content":`)
+  const contentClose = flat(`},"finish_reason":null}]${usageTail}\n\n`)
   const deltasData = (deltas: ReadonlyArray<string>) => {
     let data = ""
     for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
