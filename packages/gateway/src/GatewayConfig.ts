@@ -15,6 +15,8 @@ export interface GatewayConfigShape {
   readonly headersTimeoutMillis: number
   /** A comment line on a stream that has been silent this long. */
   readonly keepAliveIntervalMillis: number
+  /** Open chat completions from which the old generation's growth is tight (HeapPolicy.ts; 0: never). */
+  readonly heapTightAt: number
   /** `Authorization: Bearer …` for `/admin/v1`; the admin API is off when absent. */
   readonly adminToken: Option.Option<Redacted.Redacted>
 }
@@ -30,6 +32,7 @@ export const defaults: GatewayConfigShape = {
   bodyTimeoutMillis: 55_000,
   headersTimeoutMillis: 10_000,
   keepAliveIntervalMillis: 15_000,
+  heapTightAt: 256,
   adminToken: Option.none(),
 }
 
@@ -48,6 +51,10 @@ export const config = Config.all({
   ),
   keepAliveIntervalMillis: Config.integer("SWARMGATE_KEEPALIVE_MS").pipe(
     Config.withDefault(defaults.keepAliveIntervalMillis),
+  ),
+  heapTightAt: Config.integer("SWARMGATE_HEAP_TIGHT_AT").pipe(
+    Config.validate({ message: "SWARMGATE_HEAP_TIGHT_AT must be 0 or more", validation: (n) => n >= 0 }),
+    Config.withDefault(defaults.heapTightAt),
   ),
   adminToken: Config.option(Config.redacted("SWARMGATE_ADMIN_TOKEN")),
 })

@@ -39,6 +39,7 @@ import {
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
+import * as HeapPolicy from "./HeapPolicy"
 import { closeAfterUnreadBody, empty, isJsonContentType, readJson, sendError, sendJson } from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
@@ -507,6 +508,7 @@ export const listen = (options: ListenOptions) =>
       // The drain: see Drain.ts for the sequence.
       () => ops.drainer.shutdown(server, options.drainMillis ?? 10_000),
     )
+    yield* HeapPolicy.watch(() => ops.drainer.inFlight, { tightAt: config.heapTightAt })
     const address = server.address() as AddressInfo
     return { server, port: address.port, host: address.address }
   })
