@@ -141,7 +141,7 @@ const accountPage = (id: string, url: URL, session: ConsoleSession.Session, crea
 ${
   created === undefined
     ? ""
-    : h`<div class="note" role="status"><p><strong>New key — copy it now, it is shown this once:</strong></p><p class="secret"><output id="new-key">${created.key}</output></p></div>`
+    : h`<div class="note" role="status"><p><strong>New key &mdash; copy it now, it is shown this once:</strong></p><p class="secret"><output id="new-key">${created.key}</output></p></div>`
 }
 <table><tbody>
 <tr><th scope="row">Status</th><td id="account-status">${account.status}${account.closed_at === null ? "" : ` (closed ${when(account.closed_at)})`}</td></tr>
@@ -165,7 +165,7 @@ ${
           ? h`<tr><td colspan="6">No keys.</td></tr>`
           : keys.data.map(
               (k) =>
-                h`<tr data-key="${k.id}"><td><code>${k.prefix}…</code><br><small><code>${k.id}</code></small></td><td>${k.name ?? "—"}</td><td class="key-status">${k.status}</td><td class="num">${usd(k.spent_usd)}</td><td>${when(k.created)}</td><td>${
+                h`<tr data-key="${k.id}"><td><code>${k.prefix}&hellip;</code><br><small><code>${k.id}</code></small></td><td>${k.name ?? "—"}</td><td class="key-status">${k.status}</td><td class="num">${usd(k.spent_usd)}</td><td>${when(k.created)}</td><td>${
                   k.status === "revoked"
                     ? ""
                     : h`<form method="post" action="/console/keys/${k.id}/disable" class="inline">${csrfField(session)}<input type="hidden" name="disabled" value="${k.status === "disabled" ? "false" : "true"}"><input type="hidden" name="account" value="${id}"><button type="submit" class="secondary">${k.status === "disabled" ? "Enable" : "Disable"}</button></form>

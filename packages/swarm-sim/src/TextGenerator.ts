@@ -133,7 +133,7 @@ export const questionOf = (messages: GenerationInput["messages"]): string => {
 
 const readPrompt = (messages: GenerationInput["messages"]): Prompt => {
   const text = questionOf(messages)
-  const words = [...text.matchAll(/[\p{L}\p{N}][\p{L}\p{N}'’_+#-]*/gu)]
+  const words = [...text.matchAll(/[\p{L}\p{N}][\p{L}\p{N}'\u2019_+#-]*/gu)]
   const topics: Array<string> = []
   const seen = new Set<string>()
   let run: Array<string> = []
@@ -148,7 +148,7 @@ const readPrompt = (messages: GenerationInput["messages"]): Prompt => {
   }
   for (const match of words) {
     const start = match.index
-    const raw = match[0].replace(/['’_-]+$/, "")
+    const raw = match[0].replace(/['\u2019_-]+$/, "")
     const lower = raw.toLowerCase()
     const content = raw.length >= 3 && !Vocabulary.stopwords.has(lower) && !/^\d+$/.test(raw)
     // Adjacent content words ("reverse proxy") read better as one topic than two.
