@@ -15,7 +15,7 @@ export interface GatewayConfigShape {
   readonly headersTimeoutMillis: number
   /** A comment line on a stream that has been silent this long. */
   readonly keepAliveIntervalMillis: number
-  /** Open chat completions from which the old generation's growth is tight (HeapPolicy.ts; 0: never). */
+  /** Open requests from which the old generation's growth is tight (HeapPolicy.ts; 0: never). */
   readonly heapTightAt: number
   /** `Authorization: Bearer …` for `/admin/v1`; the admin API is off when absent. */
   readonly adminToken: Option.Option<Redacted.Redacted>

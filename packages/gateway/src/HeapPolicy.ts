@@ -1,6 +1,6 @@
 /**
  * How far V8 lets the old generation grow between major collections, chosen
- * by how many chat completions are open.
+ * by how many requests are open (streams, and anything else in flight).
  *
  * A stream lives for seconds, so its objects outlast the young generation
  * and die in the old one, where they stay until a major collection. V8 lets
@@ -22,13 +22,17 @@ import { Effect, Schedule, type Scope } from "effect"
 export const TIGHT_GROWTH_PERCENT = 30
 
 export interface HeapPolicyOptions {
-  /** Open chat completions from which the growth is tight (0: never); V8's own again below half. */
+  /** Open requests from which the growth is tight (0: never); V8's own again below half. */
   readonly tightAt: number
   /** How often the count is read. */
   readonly intervalMillis?: number | undefined
   /** Sets V8 flags; tests pass their own. */
   readonly setFlags?: ((flags: string) => void) | undefined
+  /** Node's command-line options (default `process.execArgv`): an operator's own growth there wins. */
+  readonly execArgv?: ReadonlyArray<string> | undefined
 }
+
+const OPERATOR_GROWTH = /^--heap[-_]growing[-_]percent(=|$)/
 
 /** Whether the growth should be tight now, given whether it is and how many requests are open. */
 export const shouldTighten = (tight: boolean, open: number, tightAt: number): boolean =>
@@ -45,6 +49,7 @@ export const watch = (
   options: HeapPolicyOptions,
 ): Effect.Effect<void, never, Scope.Scope> => {
   if (options.tightAt <= 0) return Effect.void
+  if ((options.execArgv ?? process.execArgv).some((arg) => OPERATOR_GROWTH.test(arg))) return Effect.void
   const setFlags = options.setFlags ?? setFlagsFromString
   let tight = false
   const check = Effect.sync(() => {

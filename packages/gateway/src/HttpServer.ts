@@ -500,6 +500,8 @@ export const listen = (options: ListenOptions) =>
     server.on("clientError", onClientError)
     server.on("checkExpectation", onUnmetExpectation)
     server.on("connect", onConnect)
+    // Before the drain's release, so that streams still finishing in the drain keep the policy.
+    yield* HeapPolicy.watch(() => ops.drainer.inFlight, { tightAt: config.heapTightAt })
     yield* Effect.acquireRelease(
       Effect.async<void, Error>((resume) => {
         server.once("error", (e) => resume(Effect.fail(e)))
@@ -508,7 +510,6 @@ export const listen = (options: ListenOptions) =>
       // The drain: see Drain.ts for the sequence.
       () => ops.drainer.shutdown(server, options.drainMillis ?? 10_000),
     )
-    yield* HeapPolicy.watch(() => ops.drainer.inFlight, { tightAt: config.heapTightAt })
     const address = server.address() as AddressInfo
     return { server, port: address.port, host: address.address }
   })

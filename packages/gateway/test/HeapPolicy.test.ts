@@ -46,12 +46,16 @@ describe("HeapPolicy", () => {
       }),
   )
 
-  it.effect("never touches V8's flags when off", () =>
+  it.effect("leaves an operator's own growth from the command line alone", () =>
     Effect.gen(function* () {
       const set: Array<string> = []
       yield* Effect.scoped(
         Effect.gen(function* () {
-          yield* HeapPolicy.watch(() => 10_000, { tightAt: 0, setFlags: (f) => set.push(f) })
+          yield* HeapPolicy.watch(() => 10_000, {
+            tightAt: 100,
+            setFlags: (f) => set.push(f),
+            execArgv: ["--max-old-space-size=512", "--heap-growing-percent=10"],
+          })
           yield* TestClock.adjust(5_000)
         }),
       )
