@@ -46,8 +46,11 @@ describe("O200kBase", () => {
     expect(ranks).toEqual(["hi", [0xe6, 0xbc], [0xef, 0xbb, 0xbf, 0x61], "é", "", " 😀"])
   })
 
-  it("refuses a line without a rank", () => {
+  it("refuses a line without a rank, and a bad or repeated rank", () => {
     expect(() => parseRanks("aGk=\n")).toThrow(/malformed/)
+    expect(() => parseRanks("aGk= x\n")).toThrow(/bad or repeated/)
+    expect(() => parseRanks("aGk= 1\naGk= 1\n")).toThrow(/bad or repeated/)
+    expect(() => parseRanks("aGk= 2\naGk= 1\n")).toThrow(/bad or repeated/)
   })
 
   it("encodes and decodes with the table", () => {

@@ -48,6 +48,9 @@ export const parseRanks = (text: string): Array<Rank> => {
     const space = text.indexOf(" ", at)
     if (space < 0 || space > end) throw new Error(`o200k_base: malformed line at offset ${at}`)
     const rank = Number.parseInt(text.slice(space + 1, end), 10)
+    // Ranks come in ascending order: a bad or repeated one is a broken file, never a silent overwrite.
+    if (!Number.isSafeInteger(rank) || rank < ranks.length)
+      throw new Error(`o200k_base: bad or repeated rank at offset ${at}`)
     while (ranks.length < rank) ranks.push("")
     ranks[rank] = tokenOf(Buffer.from(text.slice(at, space), "base64"))
     at = end + 1
