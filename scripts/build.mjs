@@ -54,11 +54,10 @@ export const isStale = (app) => {
  * the server bundle's ~3 MB in memory for the life of the process.
  */
 export const wideCharacter = (text) => {
-  for (let i = 0; i < text.length; i++) {
-    if (text.charCodeAt(i) > 0xff)
-      return `U+${text.charCodeAt(i).toString(16).toUpperCase().padStart(4, "0")} at ${i}: ${JSON.stringify(text.slice(Math.max(0, i - 60), i + 20))}`
-  }
-  return undefined
+  const found = /[\u0100-\uffff]/.exec(text)
+  if (found === null) return undefined
+  const at = found.index
+  return `U+${text.charCodeAt(at).toString(16).toUpperCase().padStart(4, "0")} at ${at}: ${JSON.stringify(text.slice(Math.max(0, at - 60), at + 20))}`
 }
 
 export const build = async (app) => {
