@@ -348,6 +348,14 @@ export const winner = (
     return Effect.succeed(chunk)
   })
   const sourceNext = attempt.next
+  // The read in progress's callback, behind one observer made per attempt (not one per read).
+  let reading: ((exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void) | undefined
+  const observed = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+    const done = reading
+    reading = undefined
+    observe(exit)
+    done?.(exit)
+  }
   const byCallback: NodeNext | undefined =
     sourceNext === undefined || slot.entry.node.enforcesIdleTimeout !== true
       ? undefined
@@ -358,10 +366,8 @@ export const winner = (
             done(Exit.succeed(chunk))
             return () => undefined
           }
-          return sourceNext((exit) => {
-            observe(exit)
-            done(exit)
-          })
+          reading = done
+          return sourceNext(observed)
         }
   attempt.held.add(() => {
     // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.

@@ -117,6 +117,7 @@ interface ChoiceChunk {
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
 const ended: NodePull = Effect.fail(Option.none())
+const noop = () => undefined
 const endedNext: NodeNext = (done) => {
   done(Exit.fail(Option.none()))
   return () => undefined
@@ -203,7 +204,12 @@ class EventReader {
   /** The body ended or failed: nothing more will arrive. */
   private over = false
   private paused = false
-  private wake: (() => void) | undefined
+  /** The wait in progress (a reader has one at a time), called once with what is ready. */
+  private waiting: ((exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void) | undefined
+  /** When the wait in progress began: its idle limit runs from there. */
+  private waitingSince = 0
+  /** The idle check on the shared deadline list, while one is there. */
+  private idleCheck: (() => void) | undefined
 
   constructor(
     private readonly fail: (reason: string) => NodeFailure,
@@ -273,9 +279,42 @@ class EventReader {
   }
 
   private notify(): void {
-    const wake = this.wake
-    this.wake = undefined
-    wake?.()
+    // Nothing more can arrive: no idle check may keep the reader until it falls due.
+    if (this.over || this.failure !== undefined) this.dropIdle()
+    const done = this.waiting
+    if (done === undefined) return
+    const next = this.ready()
+    if (next === undefined) return
+    this.waiting = undefined
+    done(next)
+  }
+
+  /**
+   * One idle check per reader on the shared deadline list, not one per wait:
+   * a paced stream waits once per token. When it falls due, a wait that began
+   * since is given the rest of its limit.
+   */
+  private readonly checkIdle = (): void => {
+    this.idleCheck = undefined
+    const done = this.waiting
+    if (done === undefined) return
+    if (Date.now() - this.waitingSince < this.idleMillis) {
+      this.armIdle()
+      return
+    }
+    this.waiting = undefined
+    this.failure ??= this.fail("stalled")
+    done(Exit.fail(Option.some(this.failure)))
+  }
+
+  private armIdle(): void {
+    this.idleCheck = Timers.deadline(this.idleMillis, this.checkIdle, this.waitingSince)
+  }
+
+  /** The reader is done with: its idle check leaves the list (it would keep the reader until due). */
+  private dropIdle(): void {
+    this.idleCheck?.()
+    this.idleCheck = undefined
   }
 
   /**
@@ -306,29 +345,17 @@ class EventReader {
     const now = this.ready()
     if (now !== undefined) {
       done(now)
-      return () => undefined
+      return noop
     }
-    const cancelIdle =
-      this.idleMillis > 0
-        ? Timers.deadline(this.idleMillis, () => {
-            this.wake = undefined
-            this.failure ??= this.fail("stalled")
-            done(Exit.fail(Option.some(this.failure)))
-          })
-        : () => undefined
-    const wake = () => {
-      const next = this.ready()
-      if (next === undefined) {
-        this.wake = wake
-        return
-      }
-      cancelIdle()
-      done(next)
+    this.waiting = done
+    if (this.idleMillis > 0) {
+      this.waitingSince = Date.now()
+      if (this.idleCheck === undefined) this.armIdle()
     }
-    this.wake = wake
     return () => {
-      cancelIdle()
-      if (this.wake === wake) this.wake = undefined
+      if (this.waiting !== done) return
+      this.waiting = undefined
+      this.dropIdle()
     }
   }
 

@@ -61,7 +61,9 @@ export class NodeFailure extends Data.TaggedError("NodeFailure")<{
 /**
  * A pull by callback: calls `done` once with the next chunk, the end
  * (`None`) or the failure; returns the cancel. What the gateway reads a
- * winning HTTP node with, so a streamed token costs no Effect step.
+ * winning HTTP node with, so a streamed token costs no Effect step. One read
+ * at a time; a cancel is called only while its read waits (readers pass one
+ * callback to every read, so a late cancel could end a later read).
  */
 export type NodeNext = (
   done: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,

@@ -108,8 +108,22 @@ export interface KeepAliveStream {
 const streams = new Set<KeepAliveStream>()
 let ticker: ReturnType<typeof setInterval> | undefined
 let tickMillis = 0
+/** Ticks in a row that found no stream open. */
+let idleTicks = 0
+
+const stopTicker = () => {
+  if (ticker !== undefined) clearInterval(ticker)
+  ticker = undefined
+}
 
 const tick = () => {
+  // Stopped only after a whole tick without streams: with one short stream at a time (an SSE
+  // answer of a few milliseconds), stopping at each last removal made an interval per request.
+  if (streams.size === 0) {
+    if (++idleTicks >= 2) stopTicker()
+    return
+  }
+  idleTicks = 0
   const now = Date.now()
   for (const stream of streams) {
     if (now - stream.lastWrite >= stream.intervalMillis) {
@@ -123,17 +137,14 @@ const tick = () => {
 export const keepAlive = (stream: KeepAliveStream): (() => void) => {
   streams.add(stream)
   const wanted = Math.max(10, Math.floor(stream.intervalMillis / 2))
+  idleTicks = 0
   if (ticker === undefined || wanted < tickMillis) {
-    if (ticker !== undefined) clearInterval(ticker)
+    stopTicker()
     tickMillis = wanted
     ticker = setInterval(tick, tickMillis)
     ticker.unref()
   }
   return () => {
     streams.delete(stream)
-    if (streams.size === 0 && ticker !== undefined) {
-      clearInterval(ticker)
-      ticker = undefined
-    }
   }
 }

@@ -407,6 +407,41 @@ describe("HttpTransport", () => {
   )
 
   it.live(
+    "the idle limit runs from each wait: tokens closer than it never stall, however long the stream",
+    () =>
+      Effect.gen(function* () {
+        const words = ["One", " two", " three", " four", " five", " six", " seven"]
+        reset((_req, res) => {
+          sse(res)
+          let i = 0
+          const timer = setInterval(() => {
+            if (i < words.length) return void res.write(chunk({ content: words[i++] }))
+            clearInterval(timer)
+            res.write(chunk({}, "stop"))
+            res.end("data: [DONE]\n\n")
+          }, 120)
+        })
+        // Seven gaps of 120 ms: the stream outlasts its 300 ms idle limit three times over.
+        const events = yield* collect(node().generate({ ...request, idleTimeoutMillis: 300 }))
+        expect(
+          events.filter((e) => e._tag === "Delta").map((e) => (e._tag === "Delta" ? e.text : "")),
+        ).toEqual(words)
+        // And a silence after such tokens still stalls.
+        reset((_req, res) => {
+          sse(res)
+          let i = 0
+          const timer = setInterval(() => {
+            if (i < 4) return void res.write(chunk({ content: words[i++] }))
+            clearInterval(timer)
+          }, 120)
+        })
+        const failure = yield* Effect.flip(collect(node().generate({ ...request, idleTimeoutMillis: 300 })))
+        expect(failure.reason).toBe("stalled")
+      }),
+    live,
+  )
+
+  it.live(
     "an endless SSE line fails as bad_event after a bounded read, not an unbounded buffer",
     () =>
       Effect.gen(function* () {

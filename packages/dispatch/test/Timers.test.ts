@@ -2,7 +2,7 @@
  * The shared deadline lists and keep-alive interval: what fires fires once and
  * in order, what is cancelled never fires, and cancelled deadlines are shed.
  */
-import { describe, expect, it } from "@effect/vitest"
+import { describe, expect, it, vi } from "@effect/vitest"
 import * as Timers from "../src/Timers"
 
 const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
@@ -57,5 +57,24 @@ describe("Timers", () => {
     const after = pings
     await sleep(60)
     expect(pings).toBe(after)
+  })
+
+  it("short streams one after another share one interval, which stops once idle", async () => {
+    const intervals = vi.spyOn(globalThis, "setInterval")
+    try {
+      // Past any earlier test's ticker: it stops after two ticks without streams.
+      await sleep(100)
+      intervals.mockClear()
+      for (let i = 0; i < 10; i++) {
+        const remove = Timers.keepAlive({ lastWrite: Date.now(), intervalMillis: 20, ping: () => undefined })
+        remove()
+      }
+      expect(intervals).toHaveBeenCalledTimes(1)
+      await sleep(100)
+      Timers.keepAlive({ lastWrite: Date.now(), intervalMillis: 20, ping: () => undefined })()
+      expect(intervals).toHaveBeenCalledTimes(2)
+    } finally {
+      intervals.mockRestore()
+    }
   })
 })

@@ -248,17 +248,25 @@ const pushEvents = (
         res.off("close", drained)
       }
     }
+    // A chunk ready at once is handled after `next` returns, so that its cancel is never lost. One
+    // callback for every read of the answer, not one made per read (a paced stream reads per token).
+    let early: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined
+    let sync = false
+    const onRead = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+      if (sync) early = exit
+      else step(exit)
+    }
     const read = () => {
-      // A chunk ready at once is handled after `next` returns, so that its cancel is never lost.
-      let early: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined
-      let sync = true
-      const stop = next((exit) => {
-        if (sync) early = exit
-        else step(exit)
-      })
+      sync = true
+      const stop = next(onRead)
       sync = false
-      if (early !== undefined) step(early)
-      else cancel = stop
+      const now = early
+      if (now === undefined) {
+        cancel = stop
+        return
+      }
+      early = undefined
+      step(now)
     }
     read()
     onStarted?.()
