@@ -21,13 +21,16 @@
  * BENCHMARKS.md (between its bench markers). `--quick` shortens everything
  * for a trial run and writes to reports/bench-quick instead; `--wait-quiet`
  * first waits (up to 15 minutes) for the machine's load average to drop.
+ * `--rerender FILE` measures nothing: it writes the report (and, for the
+ * committed bench/results/results.json, the tables of BENCHMARKS.md) again
+ * from a run's results.json, as this code reads them now.
  */
 import { execFileSync } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { type AddressInfo, createServer } from "node:net"
 import { tmpdir } from "node:os"
-import { dirname, join } from "node:path"
+import { dirname, join, resolve } from "node:path"
 import { parseArgs } from "node:util"
 import { lineSvg } from "../apps/loadtest/src/Charts"
 import type { ClientKind, LoadOptions } from "../apps/loadtest/src/Options"
@@ -76,6 +79,7 @@ const { values } = parseArgs({
     only: { type: "string" },
     "wait-quiet": { type: "boolean" },
     out: { type: "string" },
+    rerender: { type: "string" },
   },
 })
 const quick = values.quick === true
@@ -957,16 +961,27 @@ const targets = (
 ): Array<Target> => {
   const get = (mode: string, target: string) => main.find((r) => r.mode === mode && r.target === target)
   const out: Array<Target> = []
+  /**
+   * The issue's goal is requests/s *per core*: 10⁶ ÷ CPU µs per request. The
+   * bare proxy does not reach 100 % of its core in the bench (the generator
+   * bounds it), so its req/s understates what its core serves, and a ratio of
+   * req/s would flatter the target compared with it; the req/s ratio is shown
+   * beside.
+   */
+  const perCore = (row: Row) => 1e6 / row.cpuMicrosPerRequest
+  const throughput = (goal: string, g: Row, p: Row, times: number) => {
+    const r = perCore(g) / perCore(p)
+    return {
+      target: goal,
+      measured: `${fmt(r, times < 1 ? 3 : 2)}× per core (${fmt(perCore(g))} vs ${fmt(perCore(p))} req/s per core; in req/s ${fmt(g.rps / p.rps, times < 1 ? 3 : 2)}×, ${fmt(g.rps)} vs ${fmt(p.rps)})`,
+      met: r >= times,
+    }
+  }
   const gw = get("json", "swarmgate")
   const px = get("json", "bare proxy")
   const dj = get("json", "direct")
   if (gw !== undefined && px !== undefined && dj !== undefined) {
-    const r = gw.rps / px.rps
-    out.push({
-      target: "JSON throughput ≥ 0.5 × bare proxy",
-      measured: `${fmt(r, 3)}× (${fmt(gw.rps)} vs ${fmt(px.rps)} req/s)`,
-      met: r >= 0.5,
-    })
+    out.push(throughput("JSON throughput ≥ 0.5 × bare proxy (per core)", gw, px, 0.5))
     const a50 = (gw.e2eP50 - dj.e2eP50) / 1000
     const a99 = (gw.e2eP99 - dj.e2eP99) / 1000
     out.push({
@@ -984,12 +999,7 @@ const targets = (
     const g = get(mode, "swarmgate")
     const p = get(mode, "bare proxy")
     if (g === undefined || p === undefined) continue
-    const r = g.rps / p.rps
-    out.push({
-      target: `${mode.toUpperCase()} throughput ≥ 0.5 × bare proxy`,
-      measured: `${fmt(r, 3)}× (${fmt(g.rps)} vs ${fmt(p.rps)} req/s)`,
-      met: r >= 0.5,
-    })
+    out.push(throughput(`${mode.toUpperCase()} throughput ≥ 0.5 × bare proxy (per core)`, g, p, 0.5))
   }
   // The same goal for the scaled-out mode, reported beside the embedded one (its CPU is the gateway's own:
   // PostgreSQL's and Redis's are not in it).
@@ -997,12 +1007,14 @@ const targets = (
     const g = get(mode, SCALED_OUT)
     const p = get(mode, "bare proxy")
     if (g === undefined || p === undefined) continue
-    const r = g.rps / p.rps
-    out.push({
-      target: `scaled out: ${mode === "json" ? "JSON" : mode.toUpperCase()} throughput ≥ 0.5 × bare proxy`,
-      measured: `${fmt(r, 3)}× (${fmt(g.rps)} vs ${fmt(p.rps)} req/s)`,
-      met: r >= 0.5,
-    })
+    out.push(
+      throughput(
+        `scaled out: ${mode === "json" ? "JSON" : mode.toUpperCase()} throughput ≥ 0.5 × bare proxy (per core)`,
+        g,
+        p,
+        0.5,
+      ),
+    )
   }
   const few = nodes.find((n) => n.nodes === 10)
   const many = nodes.find((n) => n.nodes === 1000)
@@ -1025,12 +1037,7 @@ const targets = (
     const g = get(mode, "swarmgate")
     const p = get(mode, "Portkey")
     if (g === undefined || p === undefined || !(p.rps > 0)) continue
-    const r = g.rps / p.rps
-    out.push({
-      target: `${mode.toUpperCase()} throughput ≥ 8 × Portkey OSS`,
-      measured: `${fmt(r, 2)}× (${fmt(g.rps)} vs ${fmt(p.rps)} req/s)`,
-      met: r >= 8,
-    })
+    out.push(throughput(`${mode.toUpperCase()} throughput ≥ 8 × Portkey OSS (per core)`, g, p, 8))
   }
   const gs = get("sse-20", "swarmgate")
   const ds = get("sse-20", "direct")
@@ -1529,7 +1536,21 @@ process.once("SIGINT", () => {
   void cleanup().then(() => process.exit(130))
 })
 
-main()
+/** The report of a recorded run, as this code renders it (e.g. after a change of how a target is read). */
+const rerender = async (given: string) => {
+  const file = resolve(given)
+  const results = JSON.parse(readFileSync(file, "utf8")) as Results
+  const dir = dirname(file)
+  const markdown = report(results)
+  writeFileSync(join(dir, "results.md"), markdown)
+  if (dir === join(REPO_ROOT, "bench/results")) {
+    writeCharts(results.streams, results.nodes)
+    updateBenchmarksMd(markdown)
+  }
+  log(`rendered ${file} again into ${join(dir, "results.md")}`)
+}
+
+;(values.rerender !== undefined ? rerender(values.rerender) : main())
   .then(cleanup)
   .catch(async (error: unknown) => {
     console.error(error)
