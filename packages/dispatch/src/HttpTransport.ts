@@ -12,6 +12,7 @@
  */
 import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
+import { constVoid } from "effect/Function"
 import { Agent, type Dispatcher } from "undici"
 import { ChunkParser } from "./ChunkParser"
 import type { NodeSpec } from "./NodesFile"
@@ -117,7 +118,6 @@ interface ChoiceChunk {
 const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
 const ended: NodePull = Effect.fail(Option.none())
-const noop = () => undefined
 const endedNext: NodeNext = (done) => {
   done(Exit.fail(Option.none()))
   return () => undefined
@@ -283,9 +283,13 @@ class EventReader {
     if (this.over || this.failure !== undefined) this.dropIdle()
     const done = this.waiting
     if (done === undefined) return
-    const next = this.ready()
-    if (next === undefined) return
+    // Taken before `ready`, whose resume of a paused socket may deliver more data (and notify) at once.
     this.waiting = undefined
+    const next = this.ready()
+    if (next === undefined) {
+      this.waiting = done
+      return
+    }
     done(next)
   }
 
@@ -311,7 +315,7 @@ class EventReader {
     this.idleCheck = Timers.deadline(this.idleMillis, this.checkIdle, this.waitingSince)
   }
 
-  /** The reader is done with: its idle check leaves the list (it would keep the reader until due). */
+  /** No wait is left to watch (the body is over, or the wait was cancelled): the check leaves the list, which would keep the reader until it fell due. */
   private dropIdle(): void {
     this.idleCheck?.()
     this.idleCheck = undefined
@@ -345,7 +349,7 @@ class EventReader {
     const now = this.ready()
     if (now !== undefined) {
       done(now)
-      return noop
+      return constVoid
     }
     this.waiting = done
     if (this.idleMillis > 0) {

@@ -3,7 +3,7 @@
  * keep-alives cost one list entry per request, not a timer each. Deadlines
  * of one duration come nearly in the order they fall due, so each duration
  * keeps a list sorted from the tail with one Node timer armed for its head;
- * keep-alives share one interval that runs only while streams are open.
+ * keep-alives share one interval, stopped once it finds no stream open.
  */
 
 interface Deadline {
@@ -17,6 +17,8 @@ class Lane {
   private head = 0
   private cancelled = 0
   private timer: ReturnType<typeof setTimeout> | undefined
+  /** Firing what fell due: that run arms the timer for the head it leaves, once. */
+  private expiring = false
 
   add(deadline: Deadline) {
     // Deadlines come nearly in order: an out-of-order one is placed from the tail back, not appended late.
@@ -24,6 +26,9 @@ class Lane {
     while (at > this.head && this.queue[at - 1]!.at > deadline.at) at--
     if (at === this.queue.length) this.queue.push(deadline)
     else this.queue.splice(at, 0, deadline)
+    // A deadline set by one that fires (an idle check re-armed) is armed for by `expire` itself:
+    // arming here too would leave a second timer running.
+    if (this.expiring) return
     if (this.timer === undefined) this.arm(Date.now())
     else if (at === this.head) {
       // A new head, due sooner than the armed one.
@@ -65,14 +70,19 @@ class Lane {
 
   private expire() {
     const now = Date.now()
-    while (this.head < this.queue.length && this.queue[this.head]!.at <= now) {
-      const deadline = this.queue[this.head++]!
-      const fire = deadline.fire
-      if (fire === undefined) this.cancelled = Math.max(0, this.cancelled - 1)
-      else {
-        deadline.fire = undefined
-        fire()
+    this.expiring = true
+    try {
+      while (this.head < this.queue.length && this.queue[this.head]!.at <= now) {
+        const deadline = this.queue[this.head++]!
+        const fire = deadline.fire
+        if (fire === undefined) this.cancelled = Math.max(0, this.cancelled - 1)
+        else {
+          deadline.fire = undefined
+          fire()
+        }
       }
+    } finally {
+      this.expiring = false
     }
     this.arm(now)
   }

@@ -59,6 +59,26 @@ describe("Timers", () => {
     expect(pings).toBe(after)
   })
 
+  it("a deadline set by one that fires (an idle check re-armed) leaves one timer, not two", async () => {
+    const timeouts = vi.spyOn(globalThis, "setTimeout")
+    try {
+      let fired = 0
+      // A duration no other test uses: a lane of its own.
+      Timers.deadline(37, () => {
+        Timers.deadline(37, () => {
+          fired++
+        })
+      })
+      await sleep(150)
+      expect(fired).toBe(1)
+      // One for the first deadline, one armed after it fired for the one it set; the sleeps' own are not ours.
+      const ours = timeouts.mock.calls.filter(([, millis]) => millis !== 150)
+      expect(ours).toHaveLength(2)
+    } finally {
+      timeouts.mockRestore()
+    }
+  })
+
   it("short streams one after another share one interval, which stops once idle", async () => {
     const intervals = vi.spyOn(globalThis, "setInterval")
     try {
