@@ -5,6 +5,10 @@
  */
 import type { AutocannonMeasured } from "./Autocannon"
 
+/** Requests a core serves at this CPU cost: 10⁶ ÷ CPU µs per request (the "requests/s per core"). */
+export const requestsPerCore = (row: Pick<Row, "cpuMicrosPerRequest">): number =>
+  1e6 / row.cpuMicrosPerRequest
+
 export interface Row {
   readonly mode: string
   readonly target: string
@@ -91,7 +95,7 @@ export const throughputTable = (rows: ReadonlyArray<Row>) =>
         ratio(r.rps, proxy?.rps),
         fmt(r.cpuMicrosPerRequest),
         ratio(r.cpuMicrosPerRequest, proxy?.cpuMicrosPerRequest),
-        fmt(1e6 / r.cpuMicrosPerRequest),
+        fmt(requestsPerCore(r)),
         fmt(r.cpuPercent),
         fmt(r.rssMiB),
         ratio(r.rssMiB, proxy?.rssMiB),
