@@ -236,17 +236,10 @@ const pushEvents = (
         read()
         return
       }
-      const drained = () => {
-        offDrain()
-        read()
-      }
-      res.on("drain", drained)
-      res.on("close", drained)
-      offDrain = () => {
+      offDrain = SseWriter.drained(res, () => {
         offDrain = noop
-        res.off("drain", drained)
-        res.off("close", drained)
-      }
+        read()
+      })
     }
     // A chunk ready at once is handled after `next` returns, so that its cancel is never lost. One
     // callback for every read of the answer, not one made per read (a paced stream reads per token).
@@ -367,7 +360,7 @@ function* answerBody(
     lastWrite: Date.now(),
     intervalMillis: config.keepAliveIntervalMillis,
     ping: () => {
-      if (!res.writableEnded) res.write(opened() + SseEncoder.keepAlive)
+      if (!res.writableEnded) SseWriter.writeChunk(res, opened() + SseEncoder.keepAlive)
     },
   }
   offs.keepAlive = Timers.keepAlive(alive)
@@ -393,11 +386,11 @@ function* answerBody(
       res,
       (deltas) => {
         alive.lastWrite = Date.now()
-        return res.write(opened() + deltasData(deltas))
+        return SseWriter.writeChunk(res, opened() + deltasData(deltas))
       },
       () => {
         // No text at once: the role chunk leaves now, as it would have without waiting.
-        if (offs.opening !== "") res.write(opened())
+        if (offs.opening !== "") SseWriter.writeChunk(res, opened())
       },
     )
   } else {

@@ -6,22 +6,79 @@
  * @since 0.1.0
  */
 import type { ServerResponse } from "node:http"
+import type { Socket } from "node:net"
 import { Effect } from "effect"
+
+/** What `node:http` keeps that says whether a response's head is out on a socket that is its own. */
+interface Sent {
+  readonly _headerSent?: boolean
+  readonly outputData?: ReadonlyArray<unknown>
+}
+interface Owned {
+  readonly _httpMessage?: unknown
+}
+
+/**
+ * Writes `data` as one chunk of the response's chunked body, straight to its
+ * socket: one `write` of the framed text instead of `res.write`'s four pieces
+ * (size, CRLF, data, CRLF), the cork around them and the tick that uncorks —
+ * a streamed token's write costs ~35 % less measured alone (BENCHMARKS.md,
+ * 2026-11-28). Only where `node:http` has already sent the head on this
+ * socket with chunked framing and holds nothing back; otherwise (the head not
+ * out yet, HTTP/1.0, a socket not or no longer this response's) it is
+ * `res.write`. Returns whether everything was taken (`false`: wait for
+ * `drained`).
+ *
+ * @since 0.1.0
+ */
+export const writeChunk = (res: ServerResponse, data: string): boolean => {
+  if (data.length === 0) return true
+  const socket = res.socket
+  const sent = res as ServerResponse & Sent
+  if (
+    socket === null ||
+    sent._headerSent !== true ||
+    !res.chunkedEncoding ||
+    (socket as Socket & Owned)._httpMessage !== res ||
+    !socket.writable ||
+    (sent.outputData?.length ?? 0) > 0
+  )
+    return res.write(data)
+  return socket.write(`${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n`)
+}
+
+/**
+ * Calls `done` once the response's socket drained or the response closed
+ * (whichever way the last write went: `res.write` or `writeChunk`'s own).
+ * Returns the removal of the wait.
+ *
+ * @since 0.1.0
+ */
+export const drained = (res: ServerResponse, done: () => void): (() => void) => {
+  const socket: Socket | null = res.socket
+  let waiting = true
+  const off = () => {
+    if (!waiting) return
+    waiting = false
+    res.off("drain", once)
+    res.off("close", once)
+    socket?.off("drain", once)
+  }
+  const once = () => {
+    off()
+    done()
+  }
+  res.on("drain", once)
+  res.on("close", once)
+  socket?.on("drain", once)
+  return off
+}
 
 /** Writes `data`; completes at once, or once the buffer drained (or the response closed). */
 export const write = (res: ServerResponse, data: string): Effect.Effect<void> =>
-  res.write(data)
+  writeChunk(res, data)
     ? Effect.void
     : Effect.async<void>((resume) => {
-        const done = () => {
-          res.off("drain", done)
-          res.off("close", done)
-          resume(Effect.void)
-        }
-        res.on("drain", done)
-        res.on("close", done)
-        return Effect.sync(() => {
-          res.off("drain", done)
-          res.off("close", done)
-        })
+        const off = drained(res, () => resume(Effect.void))
+        return Effect.sync(off)
       })
