@@ -12,6 +12,7 @@ import { Effect } from "effect"
 /** What `node:http` keeps that says whether a response's head is out on a socket that is its own. */
 interface Sent {
   readonly _headerSent?: boolean
+  readonly _hasBody?: boolean
   readonly outputData?: ReadonlyArray<unknown>
 }
 interface Owned {
@@ -24,9 +25,10 @@ interface Owned {
  * (size, CRLF, data, CRLF), the cork around them and the tick that uncorks —
  * a streamed token's write costs ~35 % less measured alone (BENCHMARKS.md,
  * 2026-11-28). Only where `node:http` has already sent the head on this
- * socket with chunked framing and holds nothing back; otherwise (the head not
- * out yet, HTTP/1.0, a socket not or no longer this response's) it is
- * `res.write`. Returns whether everything was taken (`false`: wait for
+ * socket with chunked framing, the response has a body, is not ended nor
+ * corked, and node:http holds nothing back; otherwise (the head not out yet,
+ * HTTP/1.0, HEAD, a socket not or no longer this response's, after `end`) it
+ * is `res.write`, which refuses what it must. Returns whether everything was taken (`false`: wait for
  * `drained`).
  *
  * @since 0.1.0
@@ -35,13 +37,19 @@ export const writeChunk = (res: ServerResponse, data: string): boolean => {
   if (data.length === 0) return true
   const socket = res.socket
   const sent = res as ServerResponse & Sent
+  // Each field read as node:http 20 has it; one missing or renamed turns the direct write off, never on.
   if (
     socket === null ||
+    res.writableEnded ||
     sent._headerSent !== true ||
+    sent._hasBody !== true ||
     !res.chunkedEncoding ||
+    // The response's own cork (`res.cork()`); the socket's, from node:http's last write this tick, keeps order.
+    res.writableCorked > socket.writableCorked ||
     (socket as Socket & Owned)._httpMessage !== res ||
     !socket.writable ||
-    (sent.outputData?.length ?? 0) > 0
+    !Array.isArray(sent.outputData) ||
+    sent.outputData.length > 0
   )
     return res.write(data)
   return socket.write(`${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n`)

@@ -44,7 +44,13 @@ const body = (response: string) => response.slice(response.indexOf("\r\n\r\n") +
 
 describe("SseWriter", () => {
   it("frames each chunk by its UTF-8 length, in order with node:http's own writes", async () => {
+    let viaNodeHttp = 0
     write = (res) => {
+      const original = res.write.bind(res) as (data: string) => boolean
+      res.write = ((data: string) => {
+        viaNodeHttp++
+        return original(data)
+      }) as typeof res.write
       // The first write goes through node:http (the head is not out yet); the rest straight to the socket.
       expect(SseWriter.writeChunk(res, "data: a\n\n")).toBe(true)
       SseWriter.writeChunk(res, "data: ünï €\n\n")
@@ -64,6 +70,46 @@ describe("SseWriter", () => {
         "9\r\ndata: z\n\n\r\n" +
         "0\r\n\r\n",
     )
+    // The head's write and node:http's own: the other two went to the socket directly.
+    expect(viaNodeHttp).toBe(2)
+  })
+
+  it("puts nothing on the wire after end: a late chunk is node:http's to refuse", async () => {
+    let refused = false
+    write = (res) => {
+      res.on("error", () => {
+        refused = true
+      })
+      SseWriter.writeChunk(res, "data: a\n\n")
+      res.end()
+      SseWriter.writeChunk(res, "data: late\n\n")
+    }
+    const response = await raw("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    expect(body(response)).toBe("9\r\ndata: a\n\n\r\n0\r\n\r\n")
+    expect(refused).toBe(true)
+  })
+
+  it("keeps pipelined responses whole: the one waiting for the socket is written by node:http", async () => {
+    write = (res) => {
+      const name = res.req.url === "/1" ? "one" : "two"
+      SseWriter.writeChunk(res, `data: ${name}-a\n\n`)
+      SseWriter.writeChunk(res, `data: ${name}-b\n\n`)
+      setTimeout(() => {
+        SseWriter.writeChunk(res, `data: ${name}-c\n\n`)
+        res.end()
+      }, 30)
+    }
+    const response = await raw(
+      "GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    const [first, second] = response.split(/(?=HTTP\/1\.1 200 OK\r\n)/)
+    const chunks = (name: string) =>
+      ["a", "b", "c"]
+        .map((c) => `data: ${name}-${c}\n\n`)
+        .map((data) => `${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n`)
+        .join("")
+    expect(body(first!)).toBe(`${chunks("one")}0\r\n\r\n`)
+    expect(body(second!)).toBe(`${chunks("two")}0\r\n\r\n`)
   })
 
   it("writes no chunk framing to an HTTP/1.0 client", async () => {
@@ -80,8 +126,10 @@ describe("SseWriter", () => {
   it.effect("write completes once what it wrote drained", () =>
     Effect.gen(function* () {
       let written = 0
+      const listeners = { before: 0, after: 0 }
       write = (res) => {
         res.write(": open\n\n")
+        listeners.before = res.socket?.listenerCount("drain") ?? -1
         // Far more than a socket buffer: some writes must wait for drain, and all arrive.
         const block = `data: ${"x".repeat(64 * 1024)}\n\n`
         Effect.runPromise(
@@ -90,6 +138,7 @@ describe("SseWriter", () => {
               yield* SseWriter.write(res, block)
               written++
             }
+            listeners.after = res.socket?.listenerCount("drain") ?? -1
             res.end()
           }),
         )
@@ -99,6 +148,8 @@ describe("SseWriter", () => {
       )
       expect(written).toBe(64)
       expect(body(response).split("data: ").length - 1).toBe(64)
+      // Every wait took its listener off the socket again.
+      expect(listeners.after).toBe(listeners.before)
     }),
   )
 })
