@@ -120,7 +120,7 @@ const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "
 const ended: NodePull = Effect.fail(Option.none())
 const endedNext: NodeNext = (done) => {
   done(Exit.fail(Option.none()))
-  return () => undefined
+  return constVoid
 }
 
 /**
@@ -404,13 +404,13 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
     let controller: Dispatcher.DispatchController | undefined
     let rest: NodePull = ended
     let restNext: NodeNext = endedNext
-    let cancelWait = () => undefined as unknown
+    let cancelWait: () => void = constVoid
     const first = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
       if (Exit.isFailure(exit)) {
         rest = exit
         restNext = (done) => {
           done(exit)
-          return () => undefined
+          return constVoid
         }
       }
       if (!stopped) onFirst(exit)

@@ -34,9 +34,10 @@ interface Owned {
  * @since 0.1.0
  */
 export const writeChunk = (res: ServerResponse, data: string): boolean => {
-  if (data.length === 0) return true
-  const socket = res.socket
   const sent = res as ServerResponse & Sent
+  // Nothing to frame; before the head is out, `res.write("")` still sends it, as it always did.
+  if (data.length === 0) return sent._headerSent === true ? true : res.write(data)
+  const socket = res.socket
   // Each field read as node:http 20 has it; one missing or renamed turns the direct write off, never on.
   if (
     socket === null ||
