@@ -45,10 +45,21 @@ export const refuse = (res: ServerResponse, requestId: string) => {
   res.end(rendered.body)
 }
 
+/**
+ * A request the drain follows. The running ones are linked to each other (a
+ * doubly linked list from the newest), not kept in a Map or Set: with one Map
+ * entry per request keyed by its fiber, a JSON request promoted ~9.8 KiB to
+ * the old generation at 32 connections instead of ~4, and cost 6–9 % more CPU
+ * (BENCHMARKS.md, 2026-11-28 evening). A Set of these records, or a Map keyed
+ * by the response, did the same; the list does not.
+ */
 interface Running {
+  readonly fiber: Fiber.RuntimeFiber<unknown, unknown>
   readonly res: ServerResponse
   readonly requestId: string
   readonly onEnded: (code: string) => void
+  prev: Running | undefined
+  next: Running | undefined
 }
 
 export class Drainer {
@@ -56,12 +67,14 @@ export class Drainer {
   draining = false
   /** The deadline passed: what still runs is being ended. */
   expired = false
-  private readonly running = new Map<Fiber.RuntimeFiber<unknown, unknown>, Running>()
+  /** The most recently tracked request still running; the others follow through `next`. */
+  private newest: Running | undefined = undefined
+  private running = 0
   private readonly idleWaiters = new Set<() => void>()
   private readonly halts = new Set<() => void>()
 
   get inFlight(): number {
-    return this.running.size
+    return this.running
   }
 
   /** Follows a request's fiber until it exits. `onEnded` hears how the drain ended it, if it did. */
@@ -71,18 +84,39 @@ export class Drainer {
     requestId: string,
     onEnded: (code: string) => void = () => undefined,
   ) {
-    this.running.set(fiber, { res, requestId, onEnded })
+    const node: Running = { fiber, res, requestId, onEnded, prev: undefined, next: this.newest }
+    if (this.newest !== undefined) this.newest.prev = node
+    this.newest = node
+    this.running++
     fiber.addObserver(() => {
-      this.running.delete(fiber)
-      if (this.running.size === 0) for (const wake of this.idleWaiters) wake()
+      this.unlink(node)
+      if (this.running === 0) for (const wake of this.idleWaiters) wake()
     })
+  }
+
+  private unlink(node: Running) {
+    // Already out: only the newest has no `prev`.
+    if (node.prev === undefined && this.newest !== node) return
+    if (node.prev === undefined) this.newest = node.next
+    else node.prev.next = node.next
+    if (node.next !== undefined) node.next.prev = node.prev
+    node.prev = undefined
+    node.next = undefined
+    this.running--
+  }
+
+  /** The requests still running, newest first. */
+  private stillRunning(): Array<Running> {
+    const left: Array<Running> = []
+    for (let node = this.newest; node !== undefined; node = node.next) left.push(node)
+    return left
   }
 
   private idle(millis: number) {
     return Effect.promise<void>(
       () =>
         new Promise((resolve) => {
-          if (this.running.size === 0) return resolve()
+          if (this.running === 0) return resolve()
           const done = () => {
             clearTimeout(timer)
             this.idleWaiters.delete(done)
@@ -122,29 +156,29 @@ export class Drainer {
         () => new Promise((resolve) => NetServer.prototype.close.call(server, () => resolve())),
       )
       const closing = yield* Effect.fork(closed)
-      if (self.running.size > 0) {
+      if (self.running > 0) {
         yield* Effect.logInfo(
-          `draining: ${self.running.size} request(s) in flight may finish within ${drainMillis} ms`,
+          `draining: ${self.running} request(s) in flight may finish within ${drainMillis} ms`,
         )
         yield* self.idle(drainMillis)
       }
-      if (self.running.size > 0) {
+      if (self.running > 0) {
         self.expired = true
-        yield* Effect.logWarning(`draining: deadline reached, ending ${self.running.size} request(s)`)
+        yield* Effect.logWarning(`draining: deadline reached, ending ${self.running} request(s)`)
         const halts = [...self.halts]
         self.halts.clear()
         for (const halt of halts) halt()
         yield* self.idle(HALT_GRACE_MILLIS)
       }
-      if (self.running.size > 0) {
-        const left = [...self.running]
+      if (self.running > 0) {
+        const left = self.stillRunning()
         // The shutdown runs uninterruptibly: only an interruptible wait can be cut by the timeout.
-        yield* Fiber.interruptAll(left.map(([fiber]) => fiber)).pipe(
+        yield* Fiber.interruptAll(left.map(({ fiber }) => fiber)).pipe(
           Effect.interruptible,
           Effect.timeout(INTERRUPT_GRACE_MILLIS),
           Effect.ignore,
         )
-        for (const [, { res, requestId, onEnded }] of left) {
+        for (const { res, requestId, onEnded } of left) {
           if (res.writableEnded || res.destroyed) continue
           if (!res.headersSent) {
             onEnded("server_draining")

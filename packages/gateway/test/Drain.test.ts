@@ -1,0 +1,89 @@
+import { createServer, request, type Server } from "node:http"
+import type { AddressInfo } from "node:net"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { Drain } from "../src"
+
+interface Answer {
+  readonly status: number
+  readonly body: string
+}
+
+const get = (port: number, path: string) =>
+  new Promise<Answer>((resolve, reject) => {
+    const req = request({ host: "127.0.0.1", port, path, agent: false }, (res) => {
+      let body = ""
+      res.setEncoding("utf8")
+      res.on("data", (chunk: string) => {
+        body += chunk
+      })
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }))
+    })
+    req.on("error", reject)
+    req.end()
+  })
+
+describe("Drainer", () => {
+  it.effect("counts what it follows: a request leaves when its fiber ends, from any place in the list", () =>
+    Effect.gen(function* () {
+      const drainer = new Drain.Drainer()
+      const fibers = Array.from({ length: 5 }, () => Effect.runFork(Effect.never))
+      // The count never touches the response: any object stands in.
+      const res = {} as never
+      for (const [i, fiber] of fibers.entries()) drainer.track(fiber, res, `req_${i}`)
+      expect(drainer.inFlight).toBe(5)
+      // The middle one, the newest, the oldest, then the rest.
+      for (const [i, left] of [
+        [2, 4],
+        [4, 3],
+        [0, 2],
+        [1, 1],
+        [3, 0],
+      ] as const) {
+        yield* Fiber.interrupt(fibers[i]!)
+        expect(drainer.inFlight).toBe(left)
+      }
+      // A fiber already over when it is tracked leaves at once.
+      drainer.track(fibers[0]!, res, "req_late")
+      expect(drainer.inFlight).toBe(0)
+    }),
+  )
+
+  it.live(
+    "at the deadline, answers every request still running — and only those — with 503 server_draining",
+    () =>
+      Effect.gen(function* () {
+        const drainer = new Drain.Drainer()
+        const fibers = new Map<string, Fiber.RuntimeFiber<unknown, unknown>>()
+        const server: Server = createServer((req, res) => {
+          const fiber = Effect.runFork(Effect.never)
+          fibers.set(req.url ?? "", fiber)
+          drainer.track(fiber, res, `req_${req.url}`)
+        })
+        yield* Effect.promise(() => new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve)))
+        const port = (server.address() as AddressInfo).port
+        const paths = ["/a", "/b", "/c", "/d", "/e"]
+        const answers = paths.map((path) => get(port, path))
+        yield* Effect.promise(async () => {
+          while (drainer.inFlight < paths.length) await new Promise((r) => setTimeout(r, 5))
+        })
+        // Two end on their own before the drain (the middle one and the newest): they answer themselves.
+        for (const path of ["/c", "/e"]) yield* Fiber.interrupt(fibers.get(path)!)
+        expect(drainer.inFlight).toBe(3)
+        yield* drainer.shutdown(server, 20)
+        expect(drainer.inFlight).toBe(0)
+        const byPath = yield* Effect.promise(() =>
+          Promise.allSettled(answers).then((all) => new Map(all.map((a, i) => [paths[i]!, a]))),
+        )
+        for (const path of ["/a", "/b", "/d"]) {
+          const answer = byPath.get(path)
+          expect(answer?.status, path).toBe("fulfilled")
+          const { status, body } = (answer as PromiseFulfilledResult<Answer>).value
+          expect(status, path).toBe(503)
+          expect(JSON.parse(body).error.code, path).toBe("server_draining")
+        }
+        // Not answered by the drain: their connections were closed with the server's.
+        for (const path of ["/c", "/e"]) expect(byPath.get(path)?.status, path).toBe("rejected")
+      }),
+  )
+})
