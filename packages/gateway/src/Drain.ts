@@ -49,17 +49,19 @@ export const refuse = (res: ServerResponse, requestId: string) => {
  * A request the drain follows. The running ones are linked to each other (a
  * doubly linked list from the newest), not kept in a Map or Set: with one Map
  * entry per request keyed by its fiber, a JSON request promoted ~9.8 KiB to
- * the old generation at 32 connections instead of ~4, and cost 6–9 % more CPU
+ * the old generation at 32 connections instead of ~4, and cost 6–8 % more CPU
  * (BENCHMARKS.md, 2026-11-28 evening). A Set of these records, or a Map keyed
- * by the response, did the same; the list does not.
+ * by the response, did the same; the list does not, though its nodes hold the
+ * same fiber and response: the long-lived table is what costs, for a reason
+ * not understood.
  */
-interface Running {
+interface Tracked {
   readonly fiber: Fiber.RuntimeFiber<unknown, unknown>
   readonly res: ServerResponse
   readonly requestId: string
   readonly onEnded: (code: string) => void
-  prev: Running | undefined
-  next: Running | undefined
+  prev: Tracked | undefined
+  next: Tracked | undefined
 }
 
 export class Drainer {
@@ -68,13 +70,13 @@ export class Drainer {
   /** The deadline passed: what still runs is being ended. */
   expired = false
   /** The most recently tracked request still running; the others follow through `next`. */
-  private newest: Running | undefined = undefined
-  private running = 0
+  private newest: Tracked | undefined = undefined
+  private count = 0
   private readonly idleWaiters = new Set<() => void>()
   private readonly halts = new Set<() => void>()
 
   get inFlight(): number {
-    return this.running
+    return this.count
   }
 
   /** Follows a request's fiber until it exits. `onEnded` hears how the drain ended it, if it did. */
@@ -84,30 +86,31 @@ export class Drainer {
     requestId: string,
     onEnded: (code: string) => void = () => undefined,
   ) {
-    const node: Running = { fiber, res, requestId, onEnded, prev: undefined, next: this.newest }
+    const node: Tracked = { fiber, res, requestId, onEnded, prev: undefined, next: this.newest }
     if (this.newest !== undefined) this.newest.prev = node
     this.newest = node
-    this.running++
+    this.count++
     fiber.addObserver(() => {
       this.unlink(node)
-      if (this.running === 0) for (const wake of this.idleWaiters) wake()
+      if (this.count === 0) for (const wake of this.idleWaiters) wake()
     })
   }
 
-  private unlink(node: Running) {
-    // Already out: only the newest has no `prev`.
+  private unlink(node: Tracked) {
+    // A fiber's observers run once, so this is defence: a node already out (only the newest has no
+    // `prev`, and `prev`/`next` are cleared below) must stay out and leave the count alone.
     if (node.prev === undefined && this.newest !== node) return
     if (node.prev === undefined) this.newest = node.next
     else node.prev.next = node.next
     if (node.next !== undefined) node.next.prev = node.prev
     node.prev = undefined
     node.next = undefined
-    this.running--
+    this.count--
   }
 
   /** The requests still running, newest first. */
-  private stillRunning(): Array<Running> {
-    const left: Array<Running> = []
+  private stillRunning(): Array<Tracked> {
+    const left: Array<Tracked> = []
     for (let node = this.newest; node !== undefined; node = node.next) left.push(node)
     return left
   }
@@ -116,7 +119,7 @@ export class Drainer {
     return Effect.promise<void>(
       () =>
         new Promise((resolve) => {
-          if (this.running === 0) return resolve()
+          if (this.count === 0) return resolve()
           const done = () => {
             clearTimeout(timer)
             this.idleWaiters.delete(done)
@@ -156,21 +159,21 @@ export class Drainer {
         () => new Promise((resolve) => NetServer.prototype.close.call(server, () => resolve())),
       )
       const closing = yield* Effect.fork(closed)
-      if (self.running > 0) {
+      if (self.count > 0) {
         yield* Effect.logInfo(
-          `draining: ${self.running} request(s) in flight may finish within ${drainMillis} ms`,
+          `draining: ${self.count} request(s) in flight may finish within ${drainMillis} ms`,
         )
         yield* self.idle(drainMillis)
       }
-      if (self.running > 0) {
+      if (self.count > 0) {
         self.expired = true
-        yield* Effect.logWarning(`draining: deadline reached, ending ${self.running} request(s)`)
+        yield* Effect.logWarning(`draining: deadline reached, ending ${self.count} request(s)`)
         const halts = [...self.halts]
         self.halts.clear()
         for (const halt of halts) halt()
         yield* self.idle(HALT_GRACE_MILLIS)
       }
-      if (self.running > 0) {
+      if (self.count > 0) {
         const left = self.stillRunning()
         // The shutdown runs uninterruptibly: only an interruptible wait can be cut by the timeout.
         yield* Fiber.interruptAll(left.map(({ fiber }) => fiber)).pipe(

@@ -49,41 +49,57 @@ describe("Drainer", () => {
     }),
   )
 
-  it.live(
-    "at the deadline, answers every request still running — and only those — with 503 server_draining",
-    () =>
-      Effect.gen(function* () {
-        const drainer = new Drain.Drainer()
-        const fibers = new Map<string, Fiber.RuntimeFiber<unknown, unknown>>()
-        const server: Server = createServer((req, res) => {
-          const fiber = Effect.runFork(Effect.never)
-          fibers.set(req.url ?? "", fiber)
-          drainer.track(fiber, res, `req_${req.url}`)
-        })
-        yield* Effect.promise(() => new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve)))
-        const port = (server.address() as AddressInfo).port
-        const paths = ["/a", "/b", "/c", "/d", "/e"]
-        const answers = paths.map((path) => get(port, path))
-        yield* Effect.promise(async () => {
-          while (drainer.inFlight < paths.length) await new Promise((r) => setTimeout(r, 5))
-        })
-        // Two end on their own before the drain (the middle one and the newest): they answer themselves.
-        for (const path of ["/c", "/e"]) yield* Fiber.interrupt(fibers.get(path)!)
-        expect(drainer.inFlight).toBe(3)
-        yield* drainer.shutdown(server, 20)
-        expect(drainer.inFlight).toBe(0)
-        const byPath = yield* Effect.promise(() =>
-          Promise.allSettled(answers).then((all) => new Map(all.map((a, i) => [paths[i]!, a]))),
-        )
-        for (const path of ["/a", "/b", "/d"]) {
-          const answer = byPath.get(path)
-          expect(answer?.status, path).toBe("fulfilled")
-          const { status, body } = (answer as PromiseFulfilledResult<Answer>).value
-          expect(status, path).toBe(503)
-          expect(JSON.parse(body).error.code, path).toBe("server_draining")
-        }
-        // Not answered by the drain: their connections were closed with the server's.
-        for (const path of ["/c", "/e"]) expect(byPath.get(path)?.status, path).toBe("rejected")
-      }),
-  )
+  // Requests /a … /g tracked in that order (/g the newest); the ones named end before the drain.
+  // The orders reach every link: the newest then the next newest (`next.prev` kept up to date), a
+  // middle one then either neighbour (`prev.next` and `next.prev`).
+  for (const ended of [
+    ["/g", "/f"],
+    ["/c", "/d"],
+    ["/c", "/b"],
+  ]) {
+    it.live(
+      `at the deadline, answers with 503 server_draining exactly the requests still running (${ended.join(" then ")} ended)`,
+      () =>
+        Effect.gen(function* () {
+          const drainer = new Drain.Drainer()
+          const fibers = new Map<string, Fiber.RuntimeFiber<unknown, unknown>>()
+          const server: Server = createServer((req, res) => {
+            const fiber = Effect.runFork(Effect.never)
+            fibers.set(req.url ?? "", fiber)
+            drainer.track(fiber, res, `req_${req.url}`)
+          })
+          yield* Effect.promise(() => new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve)))
+          const port = (server.address() as AddressInfo).port
+          const paths = ["/a", "/b", "/c", "/d", "/e", "/f", "/g"]
+          const answers: Array<Promise<Answer>> = []
+          for (const [i, path] of paths.entries()) {
+            answers.push(get(port, path))
+            yield* Effect.promise(async () => {
+              const deadline = Date.now() + 10_000
+              while (drainer.inFlight < i + 1) {
+                if (Date.now() > deadline) throw new Error(`${path} was not tracked within 10 s`)
+                await new Promise((r) => setTimeout(r, 2))
+              }
+            })
+          }
+          for (const path of ended) yield* Fiber.interrupt(fibers.get(path)!)
+          expect(drainer.inFlight).toBe(paths.length - ended.length)
+          yield* drainer.shutdown(server, 20)
+          expect(drainer.inFlight).toBe(0)
+          const byPath = yield* Effect.promise(() =>
+            Promise.allSettled(answers).then((all) => new Map(all.map((a, i) => [paths[i]!, a]))),
+          )
+          for (const path of paths.filter((p) => !ended.includes(p))) {
+            const answer = byPath.get(path)
+            expect(answer?.status, path).toBe("fulfilled")
+            const { status, body } = (answer as PromiseFulfilledResult<Answer>).value
+            expect(status, path).toBe(503)
+            expect(JSON.parse(body).error.code, path).toBe("server_draining")
+          }
+          // Ended before the drain, they were never answered (nothing here writes to them): the drain
+          // left them alone, and their connections closed with the server's.
+          for (const path of ended) expect(byPath.get(path)?.status, path).toBe("rejected")
+        }),
+    )
+  }
 })
