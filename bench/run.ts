@@ -969,12 +969,11 @@ const targets = (
    * it), so its req/s understate what its core serves and a ratio of req/s
    * would read high; the req/s ratio is shown beside.
    */
-  const perCore = requestsPerCore
   const throughput = (goal: string, g: Row, p: Row, times: number) => {
-    const r = perCore(g) / perCore(p)
+    const r = requestsPerCore(g) / requestsPerCore(p)
     return {
       target: goal,
-      measured: `${fmt(r, times < 1 ? 3 : 2)}× per core (${fmt(perCore(g))} vs ${fmt(perCore(p))} req/s per core; in req/s ${fmt(g.rps / p.rps, times < 1 ? 3 : 2)}×, ${fmt(g.rps)} vs ${fmt(p.rps)})`,
+      measured: `${fmt(r, times < 1 ? 3 : 2)}× per core (${fmt(requestsPerCore(g))} vs ${fmt(requestsPerCore(p))} req/s per core; in req/s ${fmt(g.rps / p.rps, times < 1 ? 3 : 2)}×, ${fmt(g.rps)} vs ${fmt(p.rps)})`,
       met: r >= times,
     }
   }

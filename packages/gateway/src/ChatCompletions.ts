@@ -27,6 +27,7 @@ import {
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
 import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
+import { constVoid } from "effect/Function"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import { flat, flatHeader } from "./internal/Flat"
 import type { NormalizedRequest } from "./RequestPolicy"
@@ -187,8 +188,6 @@ const runEvents = (
   onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) => Effect.gen(() => runEventsBody(pull, text, onText))
 
-const noop = () => undefined
-
 /**
  * `runEvents` by callback, for a node that offers `next` (HTTP nodes): one
  * `Effect.async` for the whole answer, each chunk handled by plain calls, so
@@ -208,14 +207,14 @@ const pushEvents = (
   Finalizers.asyncIn<FinishReason, UpstreamError>(scope, (resume) => {
     const finish: NodeFinish = { node: undefined }
     let over = false
-    let cancel: () => void = noop
-    let offDrain: () => void = noop
+    let cancel: () => void = constVoid
+    let offDrain: () => void = constVoid
     const end = (result: Effect.Effect<FinishReason, UpstreamError>) => {
       over = true
       resume(result)
     }
     const step = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>): void => {
-      cancel = noop
+      cancel = constVoid
       if (over) return
       if (Exit.isFailure(exit)) {
         const error = Cause.failureOption(exit.cause)
@@ -237,7 +236,7 @@ const pushEvents = (
         return
       }
       offDrain = SseWriter.drained(res, () => {
-        offDrain = noop
+        offDrain = constVoid
         read()
       })
     }

@@ -20,6 +20,7 @@ import { Server as NetServer } from "node:net"
 import { renderError, ServerDraining, streamErrorEvent } from "@swarmgate/protocol"
 import { SseEncoder } from "@swarmgate/sse"
 import { Effect, Fiber } from "effect"
+import { constVoid } from "effect/Function"
 
 /** After the deadline, how long failed streams get to write their last event and settle. */
 const HALT_GRACE_MILLIS = 1_000
@@ -84,7 +85,7 @@ export class Drainer {
     fiber: Fiber.RuntimeFiber<unknown, unknown>,
     res: ServerResponse,
     requestId: string,
-    onEnded: (code: string) => void = () => undefined,
+    onEnded: (code: string) => void = constVoid,
   ) {
     const node: Tracked = { fiber, res, requestId, onEnded, prev: undefined, next: this.newest }
     if (this.newest !== undefined) this.newest.prev = node
@@ -139,7 +140,7 @@ export class Drainer {
   onHalt(halt: () => void): () => void {
     if (this.expired) {
       halt()
-      return () => undefined
+      return constVoid
     }
     this.halts.add(halt)
     return () => {
