@@ -145,33 +145,36 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       }
     }
 
-    // Watchers by `k:<key id>` and `a:<account id>`.
-    const watchers = new Map<string, Set<() => void>>()
-    const notify = (name: string | undefined) => {
+    // Watchers by key id and by account id: the ids themselves, no name made per request to watch.
+    type Watchers = Map<string, Set<() => void>>
+    const keyWatchers: Watchers = new Map()
+    const accountWatchers: Watchers = new Map()
+    /** Calls the watchers of `id` in `watchers`, or every watcher when none is named. */
+    const notify = (watched?: { readonly watchers: Watchers; readonly id: string }) => {
       const found =
-        name === undefined
-          ? [...watchers.values()].flatMap((set) => [...set])
-          : [...(watchers.get(name) ?? [])]
+        watched === undefined
+          ? [...keyWatchers.values(), ...accountWatchers.values()].flatMap((set) => [...set])
+          : [...(watched.watchers.get(watched.id) ?? [])]
       for (const onChange of found) onChange()
     }
-    const watchOn = (name: string, onChange: () => void) => {
-      let set = watchers.get(name)
+    const watchOn = (watchers: Watchers, id: string, onChange: () => void) => {
+      let set = watchers.get(id)
       if (set === undefined) {
         set = new Set()
-        watchers.set(name, set)
+        watchers.set(id, set)
       }
       set.add(onChange)
       return () => {
         set.delete(onChange)
-        if (set.size === 0) watchers.delete(name)
+        if (set.size === 0) watchers.delete(id)
       }
     }
 
-    const dropWhere = (match: (p: Principal) => boolean, watched: string | undefined) =>
+    const dropWhere = (match: (p: Principal) => boolean, watchers: Watchers, id: string) =>
       Effect.sync(() => {
         for (const [hash, entry] of cache)
           if (entry.principal !== undefined && match(entry.principal)) cache.delete(hash)
-        notify(watched)
+        notify({ watchers, id })
       })
 
     const service: ApiKeysShape = {
@@ -188,15 +191,16 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
           return Effect.flatMap(lookup(hash, now), (principal) => check(principal, now, running))
         })
       },
-      invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, `k:${keyId}`),
-      invalidateAccount: (accountId) => dropWhere((p) => p.account.id === accountId, `a:${accountId}`),
+      invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, keyWatchers, keyId),
+      invalidateAccount: (accountId) =>
+        dropWhere((p) => p.account.id === accountId, accountWatchers, accountId),
       invalidateAll: Effect.sync(() => {
         cache.clear()
-        notify(undefined)
+        notify()
       }),
       watch: (keyId, accountId, onChange) => {
-        const offKey = watchOn(`k:${keyId}`, onChange)
-        const offAccount = watchOn(`a:${accountId}`, onChange)
+        const offKey = watchOn(keyWatchers, keyId, onChange)
+        const offAccount = watchOn(accountWatchers, accountId, onChange)
         return () => {
           offKey()
           offAccount()

@@ -209,6 +209,33 @@ describe("ApiKeys", () => {
     )
   })
 
+  it.effect("tells a request's watcher when its key or its account changes, and no one else's", () => {
+    const { run } = setup()
+    return run(
+      Effect.gen(function* () {
+        const keys = yield* ApiKeys
+        const calls: Array<string> = []
+        const off = keys.watch("key_a", "acct_1", () => calls.push("a"))
+        keys.watch("key_b", "acct_1", () => calls.push("b"))
+        keys.watch("key_c", "acct_2", () => calls.push("c"))
+        yield* keys.invalidateKey("key_a")
+        expect(calls).toEqual(["a"])
+        yield* keys.invalidateAccount("acct_1")
+        expect(calls).toEqual(["a", "a", "b"])
+        // A key id that is also an account id's text reaches only the watchers of that key.
+        yield* keys.invalidateKey("acct_2")
+        expect(calls).toEqual(["a", "a", "b"])
+        off()
+        yield* keys.invalidateAccount("acct_1")
+        expect(calls).toEqual(["a", "a", "b", "b"])
+        calls.length = 0
+        // Everyone, once per id watched (key and account).
+        yield* keys.invalidateAll
+        expect(calls.sort()).toEqual(["b", "b", "c", "c"])
+      }),
+    )
+  })
+
   it.effect("keeps at most maxCacheEntries entries, dropping the oldest", () => {
     const { lookups, run } = setup({ cacheTtlMillis: 60_000, maxCacheEntries: 1 })
     return run(

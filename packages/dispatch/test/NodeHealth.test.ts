@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { defaultHealthOptions, NodeHealth, percentile } from "../src/NodeHealth"
+import fc from "fast-check"
+import { defaultHealthOptions, MIN_PERCENTILE_SAMPLES, NodeHealth, percentile } from "../src/NodeHealth"
 
 const options = { ...defaultHealthOptions, openMillis: 1_000, maxOpenMillis: 4_000 }
 
@@ -124,6 +125,28 @@ describe("NodeHealth: latency", () => {
     // The window forgets: twenty slow samples replace the fast ones.
     for (let i = 0; i < 20; i++) health.firstToken(1_000, undefined)
     expect(health.p95()).toBe(1_000)
+  })
+
+  it("the window holds the last `window` first-token times in order, and p95 is their nearest-rank percentile", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 24 }),
+        // Few distinct values, so that equal times are common (the one that leaves may have twins).
+        fc.array(fc.oneof(fc.integer({ min: 0, max: 6 }), fc.double({ min: 0, max: 1e6, noNaN: true })), {
+          maxLength: 120,
+        }),
+        (window, times) => {
+          const health = new NodeHealth({ ...options, window })
+          times.forEach((time, i) => {
+            health.firstToken(time, undefined)
+            const recent = times.slice(Math.max(0, i + 1 - window), i + 1)
+            expect(health.recentTtfts()).toEqual([...recent].sort((a, b) => a - b))
+            const expected = recent.length < MIN_PERCENTILE_SAMPLES ? undefined : percentile(recent, 0.95)
+            expect(health.p95()).toBe(expected)
+          })
+        },
+      ),
+    )
   })
 
   it("p95 of a window not yet full counts only the samples it holds", () => {
