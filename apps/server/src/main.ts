@@ -1,6 +1,6 @@
 import { NodeRuntime } from "@effect/platform-node"
 import { AdminConfig } from "@swarmgate/admin"
-import { HttpServer } from "@swarmgate/gateway"
+import { HttpServer, RootFibers } from "@swarmgate/gateway"
 import { Effect, Layer, Logger, LogLevel } from "effect"
 import { runCli } from "./Cli"
 import { CliLive, GatewayLive } from "./Layers"
@@ -28,6 +28,9 @@ const serve = Effect.gen(function* () {
 }).pipe(Effect.scoped, Effect.provide(GatewayLive))
 
 const [command = "serve", ...rest] = process.argv.slice(2)
+
+// One root fiber per request: not kept for `Fiber.roots`, which the server never reads (RootFibers.ts).
+if (command === "serve") RootFibers.untrack()
 
 const program =
   command === "serve" ? serve : runCli([command, ...rest]).pipe(Effect.provide(CliLive), Effect.asVoid)
