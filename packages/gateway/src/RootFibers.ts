@@ -5,11 +5,12 @@
  * drainer's former Map (Drain.ts), a long-lived table that holds each
  * request's fiber makes V8 carry more of the request's objects into the old
  * generation: with the Set, 2.5–2.7 KiB promoted per JSON request at 32
- * connections; without it, 0.86 — and 4 % less CPU per JSON request, 7–12 %
- * per SSE one, in alternated rounds (BENCHMARKS.md, 2026-11-28, second
- * session). `untrack` turns that bookkeeping off for the whole process
- * (`Fiber.roots` lists nothing after it), so the server calls it, not the
- * library: a program that wants `Fiber.roots` leaves it alone.
+ * connections; without it, 0.86, and ~3–4 µs less scavenging per request
+ * (CPU per request in alternated rounds moved less than the VM's ±5 %:
+ * BENCHMARKS.md, 2026-11-28 21:06). `untrack` turns that bookkeeping off
+ * for the whole process (`Fiber.roots` lists nothing after it), so the
+ * server calls it, not the library: a program that wants `Fiber.roots`
+ * leaves it alone.
  */
 import { globalValue } from "effect/GlobalValue"
 
