@@ -149,12 +149,12 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
     type Watchers = Map<string, Set<() => void>>
     const keyWatchers: Watchers = new Map()
     const accountWatchers: Watchers = new Map()
-    /** Calls the watchers of `id` in `watchers`, or every watcher when none is named. */
-    const notify = (watched?: { readonly watchers: Watchers; readonly id: string }) => {
-      const found =
-        watched === undefined
-          ? [...keyWatchers.values(), ...accountWatchers.values()].flatMap((set) => [...set])
-          : [...(watched.watchers.get(watched.id) ?? [])]
+    // Copied before calling: a watcher may stop watching (or start) while told.
+    const notify = (watchers: Watchers, id: string) => {
+      for (const onChange of [...(watchers.get(id) ?? [])]) onChange()
+    }
+    const notifyAll = () => {
+      const found = [...keyWatchers.values(), ...accountWatchers.values()].flatMap((set) => [...set])
       for (const onChange of found) onChange()
     }
     const watchOn = (watchers: Watchers, id: string, onChange: () => void) => {
@@ -174,7 +174,7 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       Effect.sync(() => {
         for (const [hash, entry] of cache)
           if (entry.principal !== undefined && match(entry.principal)) cache.delete(hash)
-        notify({ watchers, id })
+        notify(watchers, id)
       })
 
     const service: ApiKeysShape = {
@@ -196,7 +196,7 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
         dropWhere((p) => p.account.id === accountId, accountWatchers, accountId),
       invalidateAll: Effect.sync(() => {
         cache.clear()
-        notify()
+        notifyAll()
       }),
       watch: (keyId, accountId, onChange) => {
         const offKey = watchOn(keyWatchers, keyId, onChange)

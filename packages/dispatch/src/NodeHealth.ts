@@ -183,7 +183,7 @@ export class NodeHealth {
   }
 
   private addTtft(millis: number) {
-    // A time that is not a number would have no place in the order: it is not kept.
+    // A time that is not a number would have no place in the order: it is neither kept nor averaged.
     if (Number.isNaN(millis)) return
     this.ttftMillis = ewma(this.ttftMillis, millis, this.options.ewmaAlpha)
     const sorted = this.sorted

@@ -132,9 +132,16 @@ describe("NodeHealth: latency", () => {
       fc.property(
         fc.integer({ min: 1, max: 24 }),
         // Few distinct values, so that equal times are common (the one that leaves may have twins).
-        fc.array(fc.oneof(fc.integer({ min: 0, max: 6 }), fc.double({ min: 0, max: 1e6, noNaN: true })), {
-          maxLength: 120,
-        }),
+        fc.array(
+          fc.oneof(
+            fc.integer({ min: 0, max: 6 }),
+            fc.double({ min: 0, max: 1e6, noNaN: true }),
+            fc.constant(Number.POSITIVE_INFINITY),
+          ),
+          {
+            maxLength: 120,
+          },
+        ),
         (window, times) => {
           const health = new NodeHealth({ ...options, window })
           times.forEach((time, i) => {
@@ -147,6 +154,16 @@ describe("NodeHealth: latency", () => {
         },
       ),
     )
+  })
+
+  it("a first-token time that is not a number changes nothing", () => {
+    const health = new NodeHealth({ ...options, window: 8 })
+    for (let i = 1; i <= 8; i++) health.firstToken(i * 10, undefined)
+    const average = health.ttftMillis
+    health.firstToken(Number.NaN, undefined)
+    expect(health.ttftMillis).toBe(average)
+    expect(health.recentTtfts()).toEqual([10, 20, 30, 40, 50, 60, 70, 80])
+    expect(health.p95()).toBe(80)
   })
 
   it("p95 of a window not yet full counts only the samples it holds", () => {

@@ -1,15 +1,16 @@
 /**
- * Effect 3 keeps every root fiber — each request's fiber here — in one
- * process-wide Set, added as it starts and deleted as it ends, for
- * `Fiber.roots` alone (a debugging aid the gateway never calls). Like the
- * drainer's former Map (Drain.ts), a long-lived table that holds each
- * request's fiber makes V8 carry more of the request's objects into the old
- * generation: with the Set, 2.5–2.7 KiB promoted per JSON request at 32
- * connections; without it, 0.86, and ~3–4 µs less scavenging per request
+ * Effect 3 keeps every fiber it gives its global fiber scope — each root
+ * fiber (here one per request), and daemons and `forkIn`/`forkScoped`
+ * fibers too — in one process-wide Set, added as it starts and deleted as
+ * it ends, for `Fiber.roots` alone (a debugging aid nothing here reads).
+ * Like the drainer's former Map (Drain.ts), a long-lived table that holds
+ * each request's fiber makes V8 carry more of the request's objects into
+ * the old generation: with the Set, 2.5–2.7 KiB promoted per JSON request at
+ * 32 connections; without it, 0.86, and ~2 µs less scavenging per request
  * (CPU per request in alternated rounds moved less than the VM's ±5 %:
  * BENCHMARKS.md, 2026-11-28 21:06). `untrack` turns that bookkeeping off
- * for the whole process (`Fiber.roots` lists nothing after it), so the
- * server calls it, not the library: a program that wants `Fiber.roots`
+ * for the whole process (`Fiber.roots` lists no fiber started after it), so
+ * the server calls it, not the library: a program that wants `Fiber.roots`
  * leaves it alone.
  */
 import { globalValue } from "effect/GlobalValue"
@@ -33,9 +34,10 @@ const absent = (): never => {
 }
 
 /**
- * Root fibers started from now on are not kept for `Fiber.roots`. Returns the
- * undo (for tests), or `undefined` when this Effect keeps no such scope where
- * it used to — then nothing changed.
+ * Fibers started from now on are not kept for `Fiber.roots`. Returns the
+ * undo (for tests: it puts back what was there, so nested calls undo in
+ * turn), or `undefined` when this Effect keeps no such scope where it used
+ * to — then nothing changed.
  */
 export const untrack = (): (() => void) | undefined => {
   let scope: unknown
@@ -47,8 +49,10 @@ export const untrack = (): (() => void) | undefined => {
   }
   if (!isGlobalScope(scope)) return undefined
   const tracked = scope
+  const before = Object.getOwnPropertyDescriptor(tracked, "add")
   Object.defineProperty(tracked, "add", { value: () => undefined, configurable: true, writable: true })
   return () => {
-    delete (tracked as Partial<GlobalScope>).add
+    if (before === undefined) delete (tracked as Partial<GlobalScope>).add
+    else Object.defineProperty(tracked, "add", before)
   }
 }

@@ -3,17 +3,17 @@ import { Effect, Fiber } from "effect"
 import * as RootFibers from "../src/RootFibers"
 
 describe("RootFibers.untrack", () => {
-  it.effect("keeps root fibers started after it out of Fiber.roots, and its undo brings them back", () =>
+  it.effect("keeps fibers started after it out of Fiber.roots, and its undo brings them back", () =>
     Effect.gen(function* () {
       const before = Effect.runFork(Effect.never)
       expect(yield* Fiber.roots).toContain(before)
       const undo = RootFibers.untrack()
       expect(undo).toBeDefined()
-      const after = Effect.runFork(Effect.never)
+      let after: Fiber.RuntimeFiber<never, never> | undefined
       try {
+        after = Effect.runFork(Effect.never)
         const roots = yield* Fiber.roots
         expect(roots).not.toContain(after)
-        // Fibers tracked before it still leave the set when they end.
         expect(roots).toContain(before)
       } finally {
         undo?.()
@@ -21,11 +21,29 @@ describe("RootFibers.untrack", () => {
       const again = Effect.runFork(Effect.never)
       expect(yield* Fiber.roots).toContain(again)
       yield* Fiber.interrupt(before)
-      yield* Fiber.interrupt(after)
+      if (after !== undefined) yield* Fiber.interrupt(after)
       yield* Fiber.interrupt(again)
+      // Fibers tracked before it (or after its undo) still leave the set when they end.
       const left = yield* Fiber.roots
       expect(left).not.toContain(before)
       expect(left).not.toContain(again)
+    }),
+  )
+
+  it.effect("nested: each undo puts back what its call found", () =>
+    Effect.gen(function* () {
+      const outer = RootFibers.untrack()
+      const inner = RootFibers.untrack()
+      inner?.()
+      const stillOff = Effect.runFork(Effect.never)
+      const offRoots = yield* Fiber.roots
+      outer?.()
+      const on = Effect.runFork(Effect.never)
+      const onRoots = yield* Fiber.roots
+      yield* Fiber.interrupt(stillOff)
+      yield* Fiber.interrupt(on)
+      expect(offRoots).not.toContain(stillOff)
+      expect(onRoots).toContain(on)
     }),
   )
 })
