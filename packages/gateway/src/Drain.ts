@@ -53,8 +53,11 @@ export const refuse = (res: ServerResponse, requestId: string) => {
  * the old generation at 32 connections instead of ~4, and cost 6–8 % more CPU
  * (BENCHMARKS.md, 2026-11-28 evening). A Set of these records, or a Map keyed
  * by the response, did the same; the list does not, though its nodes hold the
- * same fiber and response: the long-lived table is what costs, for a reason
- * not understood.
+ * same fiber and response. That was with Effect's own table of root fibers
+ * in place: with it switched off (RootFibers.ts, as the server does) a Map
+ * here promotes no more than the list (0.85 KiB both), so it is the two
+ * tables together that cost. The list stays for programs that keep
+ * `Fiber.roots`.
  */
 interface Tracked {
   readonly fiber: Fiber.RuntimeFiber<unknown, unknown>
