@@ -2,7 +2,7 @@
  * Bearer authentication: format and checksum first (no lookup for a malformed
  * key), then a cached lookup by SHA-256 hash, then key and account states.
  */
-import { AccountRestricted, AccountSuspended, InvalidApiKey } from "@swarmgate/protocol"
+import { AccountRestricted, AccountSuspended, InvalidApiKey, LinkedSet } from "@swarmgate/protocol"
 import { Context, Effect, Either, Layer, Option } from "effect"
 import { keyState, type Principal } from "./Domain"
 import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
@@ -50,6 +50,9 @@ export interface ApiKeysShape {
 }
 
 export class ApiKeys extends Context.Tag("@swarmgate/auth/ApiKeys")<ApiKeys, ApiKeysShape>() {}
+
+/** Ids whose watchers all left, after which the empty sets are dropped. */
+const EMPTY_SWEEP = 1024
 
 const invalidKey = (why: string, keySent = true) =>
   new InvalidApiKey({
@@ -146,27 +149,38 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
     }
 
     // Watchers by key id and by account id: the ids themselves, no name made per request to watch.
-    type Watchers = Map<string, Set<() => void>>
+    // Each request adds and removes one: linked sets, and an id's set stays when it empties (dropped
+    // in a sweep once many have), so no hash table churns per request (protocol/LinkedSet.ts).
+    type Watchers = Map<string, LinkedSet<() => void>>
     const keyWatchers: Watchers = new Map()
     const accountWatchers: Watchers = new Map()
+    let emptied = 0
+    const sweepEmpty = () => {
+      emptied = 0
+      for (const watchers of [keyWatchers, accountWatchers])
+        for (const [id, set] of watchers) if (set.size === 0) watchers.delete(id)
+    }
     // Copied before calling: a watcher may stop watching (or start) while told.
     const notify = (watchers: Watchers, id: string) => {
-      for (const onChange of [...(watchers.get(id) ?? [])]) onChange()
+      for (const onChange of watchers.get(id)?.values() ?? []) onChange()
     }
     const notifyAll = () => {
-      const found = [...keyWatchers.values(), ...accountWatchers.values()].flatMap((set) => [...set])
+      const found = [...keyWatchers.values(), ...accountWatchers.values()].flatMap((set) => set.values())
       for (const onChange of found) onChange()
     }
     const watchOn = (watchers: Watchers, id: string, onChange: () => void) => {
       let set = watchers.get(id)
       if (set === undefined) {
-        set = new Set()
+        set = new LinkedSet()
         watchers.set(id, set)
       }
-      set.add(onChange)
+      const link = set.add(onChange)
+      let watching = true
       return () => {
-        set.delete(onChange)
-        if (set.size === 0) watchers.delete(id)
+        if (!watching) return
+        watching = false
+        set.remove(link)
+        if (set.size === 0 && ++emptied >= EMPTY_SWEEP) sweepEmpty()
       }
     }
 

@@ -5,6 +5,7 @@
  * keeps a list sorted from the tail with one Node timer armed for its head;
  * keep-alives share one interval, stopped once it finds no stream open.
  */
+import { LinkedSet } from "@swarmgate/protocol"
 
 interface Deadline {
   readonly at: number
@@ -115,7 +116,8 @@ export interface KeepAliveStream {
   readonly ping: () => void
 }
 
-const streams = new Set<KeepAliveStream>()
+// A linked set: one stream added and removed per SSE answer (protocol/LinkedSet.ts says why not a Set).
+const streams = new LinkedSet<KeepAliveStream>()
 let ticker: ReturnType<typeof setInterval> | undefined
 let tickMillis = 0
 /** Ticks in a row that found no stream open. */
@@ -135,17 +137,17 @@ const tick = () => {
   }
   idleTicks = 0
   const now = Date.now()
-  for (const stream of streams) {
+  streams.forEach((stream) => {
     if (now - stream.lastWrite >= stream.intervalMillis) {
       stream.lastWrite = now
       stream.ping()
     }
-  }
+  })
 }
 
 /** Keeps `stream` alive until the returned removal is called. */
 export const keepAlive = (stream: KeepAliveStream): (() => void) => {
-  streams.add(stream)
+  const link = streams.add(stream)
   const wanted = Math.max(10, Math.floor(stream.intervalMillis / 2))
   idleTicks = 0
   if (ticker === undefined || wanted < tickMillis) {
@@ -154,7 +156,5 @@ export const keepAlive = (stream: KeepAliveStream): (() => void) => {
     ticker = setInterval(tick, tickMillis)
     ticker.unref()
   }
-  return () => {
-    streams.delete(stream)
-  }
+  return () => streams.remove(link)
 }

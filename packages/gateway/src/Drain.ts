@@ -17,7 +17,7 @@
  */
 import type { Server, ServerResponse } from "node:http"
 import { Server as NetServer } from "node:net"
-import { renderError, ServerDraining, streamErrorEvent } from "@swarmgate/protocol"
+import { LinkedSet, renderError, ServerDraining, streamErrorEvent } from "@swarmgate/protocol"
 import { SseEncoder } from "@swarmgate/sse"
 import { Effect, Fiber } from "effect"
 import { constVoid } from "effect/Function"
@@ -47,25 +47,17 @@ export const refuse = (res: ServerResponse, requestId: string) => {
 }
 
 /**
- * A request the drain follows. The running ones are linked to each other (a
- * doubly linked list from the newest), not kept in a Map or Set: with one Map
- * entry per request keyed by its fiber, a JSON request promoted ~9.8 KiB to
- * the old generation at 32 connections instead of ~4, and cost 6–8 % more CPU
- * (BENCHMARKS.md, 2026-11-28 evening). A Set of these records, or a Map keyed
- * by the response, did the same; the list does not, though its nodes hold the
- * same fiber and response. That was with Effect's own table of root fibers
- * in place: with it switched off (RootFibers.ts, as the server does) a Map
- * here promotes no more than the list (0.85 KiB both), so it is the two
- * tables together that cost. The list stays for programs that keep
- * `Fiber.roots`.
+ * A request the drain follows. The running ones, and the halts of running
+ * answers, are kept in linked sets (protocol/LinkedSet.ts says why not a Map
+ * or Set: a long-lived hash table under per-request churn keeps requests
+ * alive through young collections; here a Map keyed by the fiber cost 6–8 %
+ * CPU per request, BENCHMARKS.md, 2026-11-28 evening).
  */
 interface Tracked {
   readonly fiber: Fiber.RuntimeFiber<unknown, unknown>
   readonly res: ServerResponse
   readonly requestId: string
   readonly onEnded: (code: string) => void
-  prev: Tracked | undefined
-  next: Tracked | undefined
 }
 
 export class Drainer {
@@ -73,14 +65,12 @@ export class Drainer {
   draining = false
   /** The deadline passed: what still runs is being ended. */
   expired = false
-  /** The most recently tracked request still running; the others follow through `next`. */
-  private newest: Tracked | undefined = undefined
-  private count = 0
+  private readonly running = new LinkedSet<Tracked>()
   private readonly idleWaiters = new Set<() => void>()
-  private readonly halts = new Set<() => void>()
+  private readonly halts = new LinkedSet<() => void>()
 
   get inFlight(): number {
-    return this.count
+    return this.running.size
   }
 
   /** Follows a request's fiber until it exits. `onEnded` hears how the drain ended it, if it did. */
@@ -90,40 +80,18 @@ export class Drainer {
     requestId: string,
     onEnded: (code: string) => void = constVoid,
   ) {
-    const node: Tracked = { fiber, res, requestId, onEnded, prev: undefined, next: this.newest }
-    if (this.newest !== undefined) this.newest.prev = node
-    this.newest = node
-    this.count++
+    const link = this.running.add({ fiber, res, requestId, onEnded })
     fiber.addObserver(() => {
-      this.unlink(node)
-      if (this.count === 0) for (const wake of this.idleWaiters) wake()
+      this.running.remove(link)
+      if (this.running.size === 0) for (const wake of this.idleWaiters) wake()
     })
-  }
-
-  private unlink(node: Tracked) {
-    // A fiber's observers run once, so this is defence: a node already out (only the newest has no
-    // `prev`, and `prev`/`next` are cleared below) must stay out and leave the count alone.
-    if (node.prev === undefined && this.newest !== node) return
-    if (node.prev === undefined) this.newest = node.next
-    else node.prev.next = node.next
-    if (node.next !== undefined) node.next.prev = node.prev
-    node.prev = undefined
-    node.next = undefined
-    this.count--
-  }
-
-  /** The requests still running, newest first. */
-  private stillRunning(): Array<Tracked> {
-    const left: Array<Tracked> = []
-    for (let node = this.newest; node !== undefined; node = node.next) left.push(node)
-    return left
   }
 
   private idle(millis: number) {
     return Effect.promise<void>(
       () =>
         new Promise((resolve) => {
-          if (this.count === 0) return resolve()
+          if (this.running.size === 0) return resolve()
           const done = () => {
             clearTimeout(timer)
             this.idleWaiters.delete(done)
@@ -145,10 +113,8 @@ export class Drainer {
       halt()
       return constVoid
     }
-    this.halts.add(halt)
-    return () => {
-      this.halts.delete(halt)
-    }
+    const link = this.halts.add(halt)
+    return () => this.halts.remove(link)
   }
 
   /** The sequence above, for `server`; completes when every connection is closed. */
@@ -163,22 +129,22 @@ export class Drainer {
         () => new Promise((resolve) => NetServer.prototype.close.call(server, () => resolve())),
       )
       const closing = yield* Effect.fork(closed)
-      if (self.count > 0) {
+      if (self.inFlight > 0) {
         yield* Effect.logInfo(
-          `draining: ${self.count} request(s) in flight may finish within ${drainMillis} ms`,
+          `draining: ${self.inFlight} request(s) in flight may finish within ${drainMillis} ms`,
         )
         yield* self.idle(drainMillis)
       }
-      if (self.count > 0) {
+      if (self.inFlight > 0) {
         self.expired = true
-        yield* Effect.logWarning(`draining: deadline reached, ending ${self.count} request(s)`)
-        const halts = [...self.halts]
+        yield* Effect.logWarning(`draining: deadline reached, ending ${self.inFlight} request(s)`)
+        const halts = self.halts.values()
         self.halts.clear()
         for (const halt of halts) halt()
         yield* self.idle(HALT_GRACE_MILLIS)
       }
-      if (self.count > 0) {
-        const left = self.stillRunning()
+      if (self.inFlight > 0) {
+        const left = self.running.values()
         // The shutdown runs uninterruptibly: only an interruptible wait can be cut by the timeout.
         yield* Fiber.interruptAll(left.map(({ fiber }) => fiber)).pipe(
           Effect.interruptible,

@@ -16,10 +16,17 @@ import {
 } from "../internal/Algorithm"
 import type { AdmitOutcome, Normalized, QuotaParams, SlotOutcome, Store, StoreUsage } from "../internal/Store"
 
+/*
+ * What is pending is counted, not kept as a set of permit ids: each request
+ * would add and delete one in long-lived Sets, and a hash table under that
+ * churn keeps requests alive through young collections (protocol/LinkedSet.ts).
+ * The Quota service admits, commits and releases each permit once, and says
+ * on release whether it committed, which is all a count needs.
+ */
 interface ResourceState {
   readonly tat: Map<string, number>
   /** Admitted, not yet committed. */
-  readonly pending: Set<string>
+  pending: number
 }
 
 interface Waiter {
@@ -32,7 +39,7 @@ interface Waiter {
 interface SubjectState {
   readonly resources: Map<string, ResourceState>
   /** Admitted, not yet committed: what the quotas hold back. */
-  readonly pending: Set<string>
+  pending: number
   readonly counts: Map<string, { readonly index: number; readonly count: number; readonly end: number }>
   /** Permit → when it got its slot (µs). */
   readonly slots: Map<string, number>
@@ -53,7 +60,7 @@ export const make = (): Effect.Effect<Store> =>
       if (state === undefined) {
         state = {
           resources: new Map(),
-          pending: new Set(),
+          pending: 0,
           counts: new Map(),
           slots: new Map(),
           queue: [],
@@ -67,7 +74,7 @@ export const make = (): Effect.Effect<Store> =>
     const resourceOf = (subject: SubjectState, resource: string): ResourceState => {
       let state = subject.resources.get(resource)
       if (state === undefined) {
-        state = { tat: new Map(), pending: new Set() }
+        state = { tat: new Map(), pending: 0 }
         subject.resources.set(resource, state)
       }
       return state
@@ -100,14 +107,14 @@ export const make = (): Effect.Effect<Store> =>
     const sweep = (now: number) => {
       for (const [name, subject] of subjects) {
         for (const [resource, state] of subject.resources) {
-          if (state.pending.size > 0) continue
+          if (state.pending > 0) continue
           if ([...state.tat.values()].every((tat) => tat <= now)) subject.resources.delete(resource)
         }
         for (const [quota, count] of subject.counts) if (count.end <= now) subject.counts.delete(quota)
         if (
           subject.resources.size === 0 &&
           subject.counts.size === 0 &&
-          subject.pending.size === 0 &&
+          subject.pending === 0 &&
           subject.slots.size === 0 &&
           subject.queue.length === 0
         ) {
@@ -137,7 +144,7 @@ export const make = (): Effect.Effect<Store> =>
       maybeSweep(now)
       const existing = subjects.get(request.subject)
       const resource = existing?.resources.get(request.resource)
-      const pending = resource?.pending.size ?? 0
+      const pending = resource?.pending ?? 0
       let wait = 0
       let limit = ""
       for (const rate of request.rates) {
@@ -147,7 +154,7 @@ export const make = (): Effect.Effect<Store> =>
           limit = rate.name
         }
       }
-      const reserved = existing?.pending.size ?? 0
+      const reserved = existing?.pending ?? 0
       for (const quota of request.quotas) {
         const index = periodIndex(quota.period, now)
         const count = countOf(existing, quota, index)
@@ -197,8 +204,8 @@ export const make = (): Effect.Effect<Store> =>
       }
       const subject = existing ?? subjectOf(request.subject)
       const state = resourceOf(subject, request.resource)
-      state.pending.add(permit)
-      subject.pending.add(permit)
+      state.pending++
+      subject.pending++
       if (slot) subject.slots.set(permit, now)
       if (queued !== undefined) subject.queue.push(queued)
       const rates = rateStates(request, state, pending + 1, now)
@@ -237,7 +244,7 @@ export const make = (): Effect.Effect<Store> =>
         }
       })
 
-    const commitAt = (request: Normalized, permit: string, now: number) => {
+    const commitAt = (request: Normalized, _permit: string, now: number) => {
       const subject = subjectOf(request.subject)
       const resource = resourceOf(subject, request.resource)
       for (const rate of request.rates) {
@@ -252,8 +259,8 @@ export const make = (): Effect.Effect<Store> =>
           end: periodEnd(quota.period, index),
         })
       }
-      resource.pending.delete(permit)
-      subject.pending.delete(permit)
+      resource.pending--
+      subject.pending--
     }
 
     const commit = (request: Normalized, permit: string) =>
@@ -271,8 +278,11 @@ export const make = (): Effect.Effect<Store> =>
         const at = subject.queue.findIndex((w) => w.permit === permit)
         if (at >= 0) subject.queue.splice(at, 1)
       }
-      subject.resources.get(request.resource)?.pending.delete(permit)
-      subject.pending.delete(permit)
+      if (!committed) {
+        const resource = subject.resources.get(request.resource)
+        if (resource !== undefined) resource.pending--
+        subject.pending--
+      }
       grant(subject, now)
     }
 
@@ -285,10 +295,10 @@ export const make = (): Effect.Effect<Store> =>
         const rates = new Map(
           resources.map((name) => {
             const resource = subject?.resources.get(name)
-            return [name, rateStates(request, resource, resource?.pending.size ?? 0, now)] as const
+            return [name, rateStates(request, resource, resource?.pending ?? 0, now)] as const
           }),
         )
-        const reserved = subject?.pending.size ?? 0
+        const reserved = subject?.pending ?? 0
         return {
           concurrency: subject?.slots.size ?? 0,
           queued: subject?.queue.length ?? 0,
