@@ -51,7 +51,9 @@ export const refuse = (res: ServerResponse, requestId: string) => {
  * answers, are kept in linked sets (protocol/LinkedSet.ts says why not a Map
  * or Set: a long-lived hash table under per-request churn keeps requests
  * alive through young collections; here a Map keyed by the fiber cost 6–8 %
- * CPU per request, BENCHMARKS.md, 2026-11-28 evening).
+ * CPU per request while Effect's own root-fiber Set was on, BENCHMARKS.md,
+ * 2026-11-28 evening; with it off, as the server runs, no difference was
+ * measured).
  */
 interface Tracked {
   readonly fiber: Fiber.RuntimeFiber<unknown, unknown>

@@ -519,6 +519,17 @@ const build = (store: Store, options: QuotaOptions) =>
             state.committedAt = now
           })
         }
+        const storeNow = store.now
+        if (storeNow !== undefined) {
+          // In memory: the flag and the store's commit in one step, so that no interruption falls
+          // between them (the release trusts the flag to say whether the store counted a commit).
+          return Effect.clockWith((clock) => {
+            if (state.committed || state.done) return Effect.void
+            state.committed = true
+            storeNow.commit(request, permit, clock.unsafeCurrentTimeMillis() * MICROS_PER_MILLI)
+            return Effect.void
+          })
+        }
         state.committed = true
         return Effect.catchAll(commitNow(request, permit), warn("commit"))
       })

@@ -21,7 +21,8 @@ import type { AdmitOutcome, Normalized, QuotaParams, SlotOutcome, Store, StoreUs
  * would add and delete one in long-lived Sets, and a hash table under that
  * churn keeps requests alive through young collections (protocol/LinkedSet.ts).
  * The Quota service admits, commits and releases each permit once, and says
- * on release whether it committed, which is all a count needs.
+ * on release whether it committed — its flag set in the same synchronous
+ * step as the commit here, so that no interruption can fall between them.
  */
 interface ResourceState {
   readonly tat: Map<string, number>
