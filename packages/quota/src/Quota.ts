@@ -519,20 +519,11 @@ const build = (store: Store, options: QuotaOptions) =>
             state.committedAt = now
           })
         }
-        const storeNow = store.now
-        if (storeNow !== undefined) {
-          // In memory: the flag and the store's commit in one step, so that no interruption falls
-          // between them (the release trusts the flag to say whether the store counted a commit).
-          return Effect.clockWith((clock) => {
-            if (state.committed || state.done) return Effect.void
-            state.committed = true
-            storeNow.commit(request, permit, clock.unsafeCurrentTimeMillis() * MICROS_PER_MILLI)
-            return Effect.void
-          })
-        }
+        // The flag and the store's commit together, whatever interrupts: the release trusts the
+        // flag to say whether the store counted a commit (the memory store counts what is pending).
         state.committed = true
         return Effect.catchAll(commitNow(request, permit), warn("commit"))
-      })
+      }).pipe(Effect.uninterruptible)
       return {
         _tag: "Admitted",
         permit: { rates, commit, isCommitted: Effect.sync(() => state.committed) },

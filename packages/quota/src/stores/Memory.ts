@@ -21,8 +21,8 @@ import type { AdmitOutcome, Normalized, QuotaParams, SlotOutcome, Store, StoreUs
  * would add and delete one in long-lived Sets, and a hash table under that
  * churn keeps requests alive through young collections (protocol/LinkedSet.ts).
  * The Quota service admits, commits and releases each permit once, and says
- * on release whether it committed — its flag set in the same synchronous
- * step as the commit here, so that no interruption can fall between them.
+ * on release whether it committed (its flag and the commit here change
+ * together, uninterruptibly: Quota.ts).
  */
 interface ResourceState {
   readonly tat: Map<string, number>
