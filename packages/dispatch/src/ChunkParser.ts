@@ -79,6 +79,27 @@ const SHORT = 13
  */
 const own = (text: string) => `${text} `.slice(0, -1)
 
+/**
+ * The string of the literal whose characters are `text[start, end)` (its
+ * quotes outside), or undefined for a control character in it. A short plain
+ * one is sliced; escapes, or a text long enough that a slice would keep the
+ * whole socket read alive, are parsed.
+ */
+const literalText = (text: string, start: number, end: number): string | undefined => {
+  let plain = end - start < SHORT
+  for (let i = start; plain && i < end; i++) {
+    const c = text.charCodeAt(i)
+    if (c < 32) return undefined
+    if (c === BACKSLASH) plain = false
+  }
+  if (plain) return text.slice(start, end)
+  try {
+    return JSON.parse(text.slice(start - 1, end + 1)) as string
+  } catch {
+    return undefined
+  }
+}
+
 const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 
 export class ChunkParser {
@@ -88,8 +109,8 @@ export class ChunkParser {
   private suffix = ""
   private templateFinish: string | undefined = undefined
   private templates = 0
-  /** Reused for every answer: callers read it before the next `parse`. */
-  private readonly fields: ChunkFields = { content: undefined, finishReason: undefined, error: undefined }
+  /** The fields of the last chunk read, reused for every chunk: callers read them before the next. */
+  readonly fields: ChunkFields = { content: undefined, finishReason: undefined, error: undefined }
 
   /** The chunk's fields, or `undefined` when `data` is not JSON. The result is valid until the next call. */
   parse(data: string): ChunkFields | undefined {
@@ -134,19 +155,36 @@ export class ChunkParser {
     const end = closingQuote(data, start)
     if (end < 0 || data.length - end - 1 !== this.suffix.length || data.slice(end + 1) !== this.suffix)
       return undefined
-    let plain = end - start < SHORT
-    for (let i = start; plain && i < end; i++) {
-      const c = data.charCodeAt(i)
-      if (c < 32) return undefined
-      if (c === BACKSLASH) plain = false
+    return literalText(data, start, end)
+  }
+
+  /**
+   * `parse` of a chunk that lies in `text` from `from` (an SSE event read
+   * where it lies, not sliced out): when it is the template's prefix, a
+   * literal and the template's suffix, its fields (as `parse` gives them)
+   * and the index after it; otherwise -1, and the caller parses it as usual.
+   * A line break ends the look: the chunk is one line.
+   */
+  parseAt(text: string, from: number): number {
+    const prefix = this.prefix
+    if (prefix.length === 0 || text.slice(from, from + prefix.length) !== prefix) return -1
+    const start = from + prefix.length
+    let end = start
+    for (; end < text.length; end++) {
+      const c = text.charCodeAt(end)
+      if (c === QUOTE) break
+      if (c < 32) return -1
+      // An escaped character is no line break either.
+      if (c === BACKSLASH && ++end < text.length && text.charCodeAt(end) < 32) return -1
     }
-    if (plain) return data.slice(start, end)
-    // Escapes, or a text long enough that `slice` would keep the whole socket read alive: parse the literal.
-    try {
-      return JSON.parse(data.slice(start - 1, end + 1)) as string
-    } catch {
-      return undefined
-    }
+    const after = end + 1 + this.suffix.length
+    if (end >= text.length || text.slice(end + 1, after) !== this.suffix) return -1
+    const content = literalText(text, start, end)
+    if (content === undefined) return -1
+    this.fields.content = content
+    this.fields.finishReason = this.templateFinish
+    this.fields.error = undefined
+    return after
   }
 
   /** Finds the literal that is `choices[0].delta.content` in `data`, and keeps what surrounds it. */

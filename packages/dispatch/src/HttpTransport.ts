@@ -10,11 +10,9 @@
  * the node stops generating; a stream read to its end leaves the connection
  * for the next request.
  */
-import { SseDecoder } from "@swarmgate/sse"
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
 import { constVoid } from "effect/Function"
 import { Agent, type Dispatcher } from "undici"
-import { ChunkParser } from "./ChunkParser"
 import type { NodeSpec } from "./NodesFile"
 import {
   generateFromOpen,
@@ -27,6 +25,10 @@ import {
   type NodeStart,
   type SwarmNode,
 } from "./NodeTransport"
+import { finishOf, MAX_ERROR_BODY, SseBody } from "./SseBody"
+
+export { MAX_EVENT_CHARS } from "./SseBody"
+
 import * as Timers from "./Timers"
 
 export interface HttpNodeOptions {
@@ -99,9 +101,6 @@ const describe = (error: unknown): string => {
   return error instanceof Error ? error.message : String(error)
 }
 
-const MAX_ERROR_BODY = 2_000
-/** An SSE line or event longer than this ends the stream as `bad_event`: we never buffer an endless line. */
-export const MAX_EVENT_CHARS = 1024 * 1024
 /** A non-streamed answer larger than this is refused (`bad_body`). */
 const MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
 /** Bytes read but not yet pulled above which the socket is paused: a slow consumer slows the node. */
@@ -114,8 +113,6 @@ interface ChoiceChunk {
     readonly finish_reason?: unknown
   } | null>
 }
-
-const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
 const ended: NodePull = Effect.fail(Option.none())
 const endedNext: NodeNext = (done) => {
@@ -192,15 +189,11 @@ const answerOf = (
  * per pull does not grow with the number of events in it.
  */
 class EventReader {
-  private readonly decoder = new SseDecoder.SseDecoder(MAX_EVENT_CHARS)
-  private readonly chunks = new ChunkParser()
+  private readonly body = new SseBody()
   private pending: Array<NodeEvent> = []
   /** Bytes read since the last pull took the pending events. */
   private pendingBytes = 0
   private failure: NodeFailure | undefined
-  /** [DONE] seen: what follows is read (to free the connection) and ignored. */
-  private done = false
-  private finish: "stop" | "length" | undefined
   /** The body ended or failed: nothing more will arrive. */
   private over = false
   private paused = false
@@ -223,9 +216,9 @@ class EventReader {
   data(bytes: Buffer): void {
     if (this.over || this.failure !== undefined) return
     this.pendingBytes += bytes.length
-    for (const event of this.decoder.push(bytes)) this.event(event.data)
-    if (this.decoder.overflowed && this.failure === undefined)
-      this.failure = this.fail(`bad_event: an event longer than ${MAX_EVENT_CHARS} characters`)
+    const body = this.body
+    body.read(bytes, this.pending)
+    if (body.failure !== undefined) this.failure = this.fail(body.failure)
     // Only with events waiting for a pull: a long event still arriving must be read to its end.
     if (this.pendingBytes > HIGH_WATER_BYTES && this.pending.length > 0 && !this.paused) {
       this.paused = true
@@ -238,8 +231,8 @@ class EventReader {
   end(): void {
     if (this.over) return
     if (this.failure === undefined) {
-      if (this.done || this.finish !== undefined)
-        this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+      if (this.body.done || this.body.finish !== undefined)
+        this.pending.push({ _tag: "Finish", reason: this.body.finish ?? "stop" })
       else this.failure = this.fail("truncated: the stream ended without finish_reason or [DONE]")
     }
     this.over = true
@@ -251,31 +244,10 @@ class EventReader {
     if (this.over) return
     this.over = true
     if (this.failure === undefined) {
-      if (this.done) this.pending.push({ _tag: "Finish", reason: this.finish ?? "stop" })
+      if (this.body.done) this.pending.push({ _tag: "Finish", reason: this.body.finish ?? "stop" })
       else this.failure = this.fail(`broken: ${describe(error)}`)
     }
     this.notify()
-  }
-
-  private event(data: string): void {
-    if (this.done || this.failure !== undefined) return
-    if (data === "[DONE]") {
-      this.done = true
-      return
-    }
-    const chunk = this.chunks.parse(data)
-    if (chunk === undefined) {
-      this.failure = this.fail(`bad_event: ${data.slice(0, 200)}`)
-      return
-    }
-    if (chunk.error !== undefined) {
-      this.failure = this.fail(`node_error: ${chunk.error.slice(0, MAX_ERROR_BODY)}`)
-      return
-    }
-    if (chunk.content !== undefined && chunk.content.length > 0) {
-      this.pending.push({ _tag: "Delta", text: chunk.content })
-    }
-    if (chunk.finishReason !== undefined) this.finish = finishOf(chunk.finishReason)
   }
 
   private notify(): void {

@@ -8,6 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
 import { ChunkParser, PROBES } from "../src/ChunkParser"
+import { chunk, head, literal } from "./support/Chunks"
 
 /** The reading without a template: one `JSON.parse` per chunk. */
 const reference = (data: string) => {
@@ -47,77 +48,6 @@ const read = (parser: ChunkParser, data: string) => {
   const fields = parser.parse(data)
   return fields === undefined ? undefined : { ...fields }
 }
-
-const text = fc.oneof(
-  fc.constantFrom("the", " the", "x"),
-  fc.string({ unit: "grapheme", maxLength: 6 }),
-  fc.string({
-    unit: fc.constantFrom("a", '"', "\\", "\n", "\u0000", "\u001f", "é", "😀", "/"),
-    maxLength: 5,
-  }),
-)
-
-/** How a chunk's text is written as a JSON literal: as JSON.stringify does, with \u escapes, or raw (invalid). */
-const literal = fc.oneof(
-  text.map((t) => JSON.stringify(t)),
-  text.map((t) => `"${[...t].map((ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, "0")}`).join("")}"`),
-  text.map((t) => `"${t}"`),
-)
-
-const head =
-  '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":'
-
-/** One chunk of a stream, mostly in the common shape, sometimes not. */
-const chunk = fc.oneof(
-  { weight: 6, arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}]}`) },
-  { weight: 1, arbitrary: literal.map((l) => `${head}{"content": ${l} },"finish_reason":"length"}]}`) },
-  {
-    weight: 1,
-    arbitrary: literal.map((l) => `${head}{"role":"assistant","content":${l}},"finish_reason":null}]}`),
-  },
-  {
-    weight: 1,
-    arbitrary: fc
-      .tuple(literal, literal)
-      .map(([a, b]) => `${head}{"content":${a},"content":${b}},"finish_reason":null}]}`),
-  },
-  {
-    weight: 1,
-    arbitrary: fc
-      .tuple(literal, literal)
-      .map(
-        ([a, b]) => `${head}{"content":${a}},"logprobs":{"content":[{"token":${b}}]},"finish_reason":null}]}`,
-      ),
-  },
-  {
-    weight: 1,
-    arbitrary: literal.map(
-      (l) => `{"choices":[{"index":1,"delta":{"content":"x"}},{"delta":{"content":${l}}}]}`,
-    ),
-  },
-  {
-    weight: 1,
-    arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}],"error":{"message":${l}}}`),
-  },
-  { weight: 1, arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}]}x`) },
-  {
-    weight: 1,
-    arbitrary: literal.map((l) => `${head}{"content":${l}},"finish_reason":null}],"error":null}`),
-  },
-  {
-    weight: 1,
-    arbitrary: fc.constantFrom(
-      `${head}{},"finish_reason":"stop"}]}`,
-      '{"choices":[],"usage":{"prompt_tokens":1}}',
-      '{"error":"overloaded"}',
-      "null",
-      "5",
-      '"content"',
-      "[]",
-      "{",
-    ),
-  },
-)
 
 /** Chunk shapes that trap a template taken from the wrong literal. */
 const shapes: ReadonlyArray<(l: string) => string> = [

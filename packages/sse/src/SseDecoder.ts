@@ -30,6 +30,8 @@ const CR = 13
 const SPACE = 32
 const COLON = 58
 const BOM = 0xfeff
+/** A walk's next CR not looked for yet. */
+const UNKNOWN = -2
 
 /** Whether `text[start, end)` is `name`. */
 const isField = (text: string, start: number, end: number, name: string): boolean =>
@@ -66,6 +68,9 @@ export class SseDecoder {
   private eventType = ""
   private lastEventId = ""
   private reconnectionTime: number | undefined = undefined
+  /** The text being walked by `feedEvent`, and its first CR at or after where the walk is (or -1: none). */
+  private walk = ""
+  private walkCR = UNKNOWN
 
   /** The last valid `retry:` value, in milliseconds. */
   get retry(): number | undefined {
@@ -78,6 +83,47 @@ export class SseDecoder {
     const events: Array<SseEvent> = []
     this.feed(text, events)
     return events
+  }
+
+  /**
+   * Takes a byte chunk to be walked event by event: returns its text, which
+   * `feedEvent` then reads from wherever the caller has got to (a character
+   * split across chunks is held until its last byte comes).
+   */
+  decode(chunk: Uint8Array): string {
+    this.walk = this.overflowed ? "" : this.utf8.write(chunk)
+    this.walkCR = UNKNOWN
+    return this.walk
+  }
+
+  /**
+   * Whether the decoder stands between events: the stream started, no line
+   * is partly read, and the event being built has no data and no type. An
+   * event that lies whole in the text as one `data:` line and a blank line
+   * would leave the decoder as it finds it here, so a caller may read such
+   * an event itself and go on with `feedEvent` after it.
+   */
+  get betweenEvents(): boolean {
+    return (
+      this.started &&
+      !this.overflowed &&
+      !this.afterCR &&
+      this.partial.length === 0 &&
+      !this.hasData &&
+      this.eventType.length === 0
+    )
+  }
+
+  /**
+   * Reads the text of the last `decode` from `start` up to and including
+   * the first blank line (the end of an event, dispatched into `events` when
+   * it has data) and returns where it stopped: after that line, or the
+   * text's length, the rest kept for the next chunk. Walking a text event by
+   * event decodes what `push` would.
+   */
+  feedEvent(start: number, events: Array<SseEvent>): number {
+    const text = this.walk
+    return this.overflowed ? text.length : this.feedFrom(text, start, events, true)
   }
 
   /**
@@ -98,43 +144,56 @@ export class SseDecoder {
     this.lastEventId = ""
     this.reconnectionTime = undefined
     this.overflowed = false
+    this.walk = ""
+    this.walkCR = UNKNOWN
     return events
   }
 
   private feed(text: string, events: Array<SseEvent>): void {
-    if (text.length === 0) return
-    let start = 0
+    this.feedFrom(text, 0, events, false)
+  }
+
+  /** The lines of `text` from `start`; with `once`, up to the first blank line only. Returns where it stopped. */
+  private feedFrom(text: string, start: number, events: Array<SseEvent>, once: boolean): number {
+    const length = text.length
+    if (start >= length) return length
     if (!this.started) {
       this.started = true
-      if (text.charCodeAt(0) === BOM) start = 1
+      if (text.charCodeAt(start) === BOM) start++
     }
     if (this.afterCR) {
       this.afterCR = false
-      if (start < text.length && text.charCodeAt(start) === LF) start++
+      if (start < length && text.charCodeAt(start) === LF) start++
     }
-    const length = text.length
-    // Line ends found by indexOf (native, fast on long runs) rather than a look at every character.
+    // Line ends found by indexOf (native, fast on long runs) rather than a look at every character. A
+    // walk keeps its next CR: a text without one would be searched to its end again for every event.
     let nextLF = text.indexOf("\n", start)
-    let nextCR = text.indexOf("\r", start)
+    let nextCR =
+      once && this.walkCR !== UNKNOWN && (this.walkCR === -1 || this.walkCR >= start)
+        ? this.walkCR
+        : text.indexOf("\r", start)
     while (!this.overflowed) {
       if (nextLF !== -1 && nextLF < start) nextLF = text.indexOf("\n", start)
       if (nextCR !== -1 && nextCR < start) nextCR = text.indexOf("\r", start)
       let i = nextLF === -1 ? nextCR : nextCR === -1 ? nextLF : Math.min(nextLF, nextCR)
       if (i === -1) break
       const c = text.charCodeAt(i)
+      let blank: boolean
       if (this.partial.length > 0) {
         const line = this.partial + text.slice(start, i)
         this.partial = ""
         if (line.length > this.maxEventChars) {
           this.overflow()
-          return
+          return length
         }
+        blank = line.length === 0
         this.line(line, 0, line.length, events)
       } else {
         if (i - start > this.maxEventChars) {
           this.overflow()
-          return
+          return length
         }
+        blank = i === start
         // The line read where it lies: only its value is sliced (one string per line, not three).
         this.line(text, start, i, events)
       }
@@ -146,11 +205,16 @@ export class SseDecoder {
         }
       }
       start = i + 1
+      if (once && blank) {
+        this.walkCR = nextCR
+        return start
+      }
     }
     if (start < length && !this.overflowed) {
       this.partial = this.partial.length > 0 ? this.partial + text.slice(start) : text.slice(start)
       if (this.partial.length > this.maxEventChars) this.overflow()
     }
+    return length
   }
 
   private overflow(): void {
