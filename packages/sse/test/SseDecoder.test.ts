@@ -82,6 +82,55 @@ describe("SseDecoder", () => {
     )
   })
 
+  it("decodes event by event (decode, then feedEvent from where the walk got to) what push decodes", () => {
+    const bytes = utf8(sample)
+    fc.assert(
+      fc.property(fc.array(fc.nat({ max: bytes.length }), { maxLength: 40 }), (cuts) => {
+        const decoder = new SseDecoder()
+        const events: Array<SseEvent> = []
+        for (const part of splitAt(bytes, cuts)) {
+          const text = decoder.decode(part)
+          let at = 0
+          while (at < text.length) {
+            const before = events.length
+            const next = decoder.feedEvent(at, events)
+            // Each step ends after a blank line (at most one event, and between events), or at the end of the text.
+            expect(next).toBeGreaterThan(at)
+            expect(events.length - before).toBeLessThanOrEqual(1)
+            if (next < text.length) expect(decoder.betweenEvents).toBe(true)
+            at = next
+          }
+        }
+        events.push(...decoder.end())
+        expect(events).toEqual(sampleEvents)
+      }),
+      { numRuns: 500 },
+    )
+  })
+
+  it("stands between events only after a blank line, with nothing of a line or an event held", () => {
+    const decoder = new SseDecoder()
+    const events: Array<SseEvent> = []
+    const walk = (chunk: string) => {
+      const text = decoder.decode(utf8(chunk))
+      for (let at = 0; at < text.length; ) at = decoder.feedEvent(at, events)
+    }
+    expect(decoder.betweenEvents).toBe(false) // not started
+    walk("data: a\n\n")
+    expect(decoder.betweenEvents).toBe(true)
+    walk("data: b\n")
+    expect(decoder.betweenEvents).toBe(false) // data held
+    walk("\nevent: e\n")
+    expect(decoder.betweenEvents).toBe(false) // a type held
+    walk("\ndata: c")
+    expect(decoder.betweenEvents).toBe(false) // a line partly read
+    walk("\r\r")
+    expect(decoder.betweenEvents).toBe(false) // the LF of a CRLF may come with the next chunk
+    walk("\n")
+    expect(decoder.betweenEvents).toBe(true)
+    expect(events.map((e) => e.data)).toEqual(["a", "b", "c"])
+  })
+
   it("round-trips any encoded payloads under any split, whatever the line endings", () => {
     fc.assert(
       fc.property(
