@@ -30,6 +30,7 @@ import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } f
 import { constVoid } from "effect/Function"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import { flat, flatHeader } from "./internal/Flat"
+import { jsonInside } from "./internal/JsonText"
 import type { NormalizedRequest } from "./RequestPolicy"
 
 /** What ran, for usage records and billing: set as the request goes. */
@@ -139,9 +140,17 @@ interface NodeFinish {
   node: "stop" | "length" | undefined
 }
 
-/** The text of one chunk of events that the cap still lets through, as deltas; notes the node's finish. */
-const takeChunk = (chunk: Chunk.Chunk<NodeEvent>, text: CappedText, finish: NodeFinish): Array<string> => {
-  const deltas: Array<string> = []
+/**
+ * The text of one chunk of events that the cap still lets through, into
+ * `literals` (when given) as the insides of its JSON string literals. Notes
+ * the node's finish.
+ */
+const takeChunk = (
+  chunk: Chunk.Chunk<NodeEvent>,
+  text: CappedText,
+  finish: NodeFinish,
+  literals: Array<string> | undefined,
+): void => {
   // Its array, indexed: a Chunk's iterator allocates a result per element.
   const events = Chunk.toReadonlyArray(chunk)
   for (let i = 0; i < events.length; i++) {
@@ -151,23 +160,22 @@ const takeChunk = (chunk: Chunk.Chunk<NodeEvent>, text: CappedText, finish: Node
       continue
     }
     const allowed = text.add(event.text)
-    if (allowed.length > 0) deltas.push(allowed)
+    if (allowed.length > 0 && literals !== undefined) literals.push(jsonInside(allowed))
     if (text.capped) break
   }
-  return deltas
 }
 
 /**
  * Reads the node's events a chunk at a time (one pull per socket read, not
  * per event) until they end or the cap is reached; the text each chunk may
- * still send goes to `onText` at once. The node is stopped when the
- * request's scope closes.
+ * still send goes to `onText` at once, as the insides of its JSON string
+ * literals. The node is stopped when the request's scope closes.
  */
 // Declared once, not made per call (HttpServer.ts says why).
 function* runEventsBody(
   pull: NodePull,
   text: CappedText,
-  onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
+  onText: ((literals: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) {
   const finish: NodeFinish = { node: undefined }
   while (!text.capped) {
@@ -176,8 +184,9 @@ function* runEventsBody(
       if (Option.isNone(next.left)) break
       return yield* Effect.fail(broke(next.left.value))
     }
-    const deltas = takeChunk(next.right, text, finish)
-    if (deltas.length > 0 && onText !== undefined) yield* onText(deltas)
+    const literals = onText === undefined ? undefined : []
+    takeChunk(next.right, text, finish, literals)
+    if (onText !== undefined && literals !== undefined && literals.length > 0) yield* onText(literals)
   }
   return finishOf(text, finish.node)
 }
@@ -185,7 +194,7 @@ function* runEventsBody(
 const runEvents = (
   pull: NodePull,
   text: CappedText,
-  onText: ((deltas: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
+  onText: ((literals: ReadonlyArray<string>) => Effect.Effect<void>) | undefined,
 ) => Effect.gen(() => runEventsBody(pull, text, onText))
 
 /**
@@ -200,7 +209,7 @@ const pushEvents = (
   next: NodeNext,
   text: CappedText,
   res: ServerResponse,
-  onText: ((deltas: ReadonlyArray<string>) => boolean) | undefined,
+  onText: ((literals: ReadonlyArray<string>) => boolean) | undefined,
   /** Called once the events ready at the start were handled (before any wait). */
   onStarted?: () => void,
 ) =>
@@ -225,8 +234,10 @@ const pushEvents = (
         )
         return
       }
-      const deltas = takeChunk(exit.value, text, finish)
-      const took = deltas.length > 0 && onText !== undefined ? onText(deltas) : true
+      const literals = onText === undefined ? undefined : []
+      takeChunk(exit.value, text, finish, literals)
+      const took =
+        onText !== undefined && literals !== undefined && literals.length > 0 ? onText(literals) : true
       if (text.capped) {
         end(Effect.succeed(finishOf(text, finish.node)))
         return
@@ -369,11 +380,11 @@ function* answerBody(
   }
 
   // A content chunk is the same text around each delta: built once per answer, not per token.
-  const contentOpen = flat(`data: ${head}{"index":0,"delta":{"content":`)
-  const contentClose = flat(`},"finish_reason":null}]${usageTail}\n\n`)
-  const deltasData = (deltas: ReadonlyArray<string>) => {
+  const contentOpen = flat(`data: ${head}{"index":0,"delta":{"content":"`)
+  const contentClose = flat(`"},"finish_reason":null}]${usageTail}\n\n`)
+  const deltasData = (literals: ReadonlyArray<string>) => {
     let data = ""
-    for (const delta of deltas) data += contentOpen + JSON.stringify(delta) + contentClose
+    for (const literal of literals) data += contentOpen + literal + contentClose
     return data
   }
   let reading: Effect.Effect<FinishReason, UpstreamError>
@@ -383,9 +394,9 @@ function* answerBody(
       run.next,
       text,
       res,
-      (deltas) => {
+      (literals) => {
         alive.lastWrite = Date.now()
-        return SseWriter.writeChunk(res, opened() + deltasData(deltas))
+        return SseWriter.writeChunk(res, opened() + deltasData(literals))
       },
       () => {
         // No text at once: the role chunk leaves now, as it would have without waiting.
@@ -394,7 +405,7 @@ function* answerBody(
     )
   } else {
     yield* send("")
-    reading = runEvents(run.pull, text, (deltas) => send(deltasData(deltas)))
+    reading = runEvents(run.pull, text, (literals) => send(deltasData(literals)))
   }
   const finished = yield* Effect.either(reading)
   if (finished._tag === "Left") {
