@@ -7,6 +7,7 @@
  *
  * @since 0.1.0
  */
+import { isAscii } from "node:buffer"
 import { StringDecoder } from "node:string_decoder"
 import * as Chunk from "effect/Chunk"
 import * as Stream from "effect/Stream"
@@ -79,7 +80,7 @@ export class SseDecoder {
 
   push(chunk: Uint8Array | string): Array<SseEvent> {
     if (this.overflowed) return []
-    const text = typeof chunk === "string" ? chunk : this.utf8.write(chunk)
+    const text = typeof chunk === "string" ? chunk : this.textOf(chunk)
     const events: Array<SseEvent> = []
     this.feed(text, events)
     return events
@@ -91,7 +92,7 @@ export class SseDecoder {
    * split across chunks is held until its last byte comes).
    */
   decode(chunk: Uint8Array): string {
-    this.walk = this.overflowed ? "" : this.utf8.write(chunk)
+    this.walk = this.overflowed ? "" : this.textOf(chunk)
     this.walkCR = UNKNOWN
     return this.walk
   }
@@ -124,6 +125,21 @@ export class SseDecoder {
   feedEvent(start: number, events: Array<SseEvent>): number {
     const text = this.walk
     return this.overflowed ? text.length : this.feedFrom(text, start, events, true)
+  }
+
+  /**
+   * The text of a byte chunk. An ASCII chunk while no character is split
+   * (nodes' streams are mostly ASCII) is its bytes as they are, without
+   * UTF-8's validation: half the cost, the same text.
+   */
+  private textOf(chunk: Uint8Array): string {
+    const utf8 = this.utf8 as StringDecoder & { readonly lastNeed?: number }
+    // `lastNeed`: the bytes a split character still needs (Node's own field; absent, the slow way).
+    if (utf8.lastNeed === 0 && isAscii(chunk))
+      return (
+        Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+      ).toString("latin1")
+    return utf8.write(chunk)
   }
 
   /**
