@@ -100,6 +100,8 @@ const literalText = (text: string, start: number, end: number): string | undefin
   }
 }
 
+const LINE_BREAK = /[\r\n]/
+
 const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 
 export class ChunkParser {
@@ -109,6 +111,8 @@ export class ChunkParser {
   private suffix = ""
   private templateFinish: string | undefined = undefined
   private templates = 0
+  /** The template has no line break: a chunk of it can lie on one `data:` line (`parseAt`). */
+  private oneLine = false
   /** The fields of the last chunk read, reused for every chunk: callers read them before the next. */
   readonly fields: ChunkFields = { content: undefined, finishReason: undefined, error: undefined }
 
@@ -163,11 +167,13 @@ export class ChunkParser {
    * where it lies, not sliced out): when it is the template's prefix, a
    * literal and the template's suffix, its fields (as `parse` gives them)
    * and the index after it; otherwise -1, and the caller parses it as usual.
-   * A line break ends the look: the chunk is one line.
+   * The chunk is one line: a line break in the literal ends the look, and a
+   * template learned from data over several lines (a line break between its
+   * JSON tokens) is not used here.
    */
   parseAt(text: string, from: number): number {
     const prefix = this.prefix
-    if (prefix.length === 0 || text.slice(from, from + prefix.length) !== prefix) return -1
+    if (!this.oneLine || text.slice(from, from + prefix.length) !== prefix) return -1
     const start = from + prefix.length
     let end = start
     for (; end < text.length; end++) {
@@ -201,6 +207,7 @@ export class ChunkParser {
           if (end > 0 && this.verify(data, i, end, content, finishReason)) {
             this.prefix = own(data.slice(0, i + 1))
             this.suffix = own(data.slice(end + 1))
+            this.oneLine = !LINE_BREAK.test(this.prefix) && !LINE_BREAK.test(this.suffix)
             this.templateFinish = finishReason
             return
           }

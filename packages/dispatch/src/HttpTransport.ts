@@ -26,10 +26,9 @@ import {
   type SwarmNode,
 } from "./NodeTransport"
 import { finishOf, MAX_ERROR_BODY, SseBody } from "./SseBody"
+import * as Timers from "./Timers"
 
 export { MAX_EVENT_CHARS } from "./SseBody"
-
-import * as Timers from "./Timers"
 
 export interface HttpNodeOptions {
   readonly id: string

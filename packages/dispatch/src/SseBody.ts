@@ -7,7 +7,8 @@
  * read's text, by the chunk parser's template (`ChunkParser.parseAt`): no
  * line, event or data string is made for them, which was most of what a
  * streamed token cost to read. Anything else — the first chunks, before a
- * template exists; other fields, line endings or escapes; an event split
+ * template exists; other fields or line endings; a template learned from
+ * data over several lines; a control character in the text; an event split
  * across reads — goes through the SSE decoder an event at a time, exactly as
  * the whole read would (a property test holds the two ways to the same result
  * under any split of any stream).
@@ -18,12 +19,12 @@ import type { NodeEvent } from "./NodeTransport"
 
 /** An SSE line or event longer than this ends the stream as `bad_event`: we never buffer an endless line. */
 export const MAX_EVENT_CHARS = 1024 * 1024
-/** How much of a node's error message is kept. */
+/** How much of a node's error message is kept (an error event's here, an HTTP error body's in HttpTransport). */
 export const MAX_ERROR_BODY = 2_000
 
 export const finishOf = (reason: string): "stop" | "length" => (reason === "length" ? "length" : "stop")
 
-const D = 100
+const CHAR_D = 100
 const LF = 10
 
 export class SseBody {
@@ -49,8 +50,9 @@ export class SseBody {
     const text = decoder.decode(bytes)
     const events = this.dispatched
     let at = 0
-    while (at < text.length && this.failure === undefined && !decoder.overflowed) {
-      if (!this.done && decoder.betweenEvents) {
+    // Ends with the decoder's step that reaches the end of the text (which ends its walk).
+    for (;;) {
+      if (at < text.length && !this.done && decoder.betweenEvents) {
         const next = this.eventAt(text, at, into)
         if (next > 0) {
           at = next
@@ -60,6 +62,7 @@ export class SseBody {
       at = decoder.feedEvent(at, events)
       for (let i = 0; i < events.length; i++) this.event(events[i]!.data, into)
       events.length = 0
+      if (at >= text.length || this.failure !== undefined || decoder.overflowed) break
     }
     if (decoder.overflowed && this.failure === undefined)
       this.failure = `bad_event: an event longer than ${this.maxEventChars} characters`
@@ -67,7 +70,7 @@ export class SseBody {
 
   /** The event `data: <chunk>\n\n` at `at`, read in place; the index after it, or -1 when it is not one. */
   private eventAt(text: string, at: number, into: Array<NodeEvent>): number {
-    if (text.charCodeAt(at) !== D || !text.startsWith("data: ", at)) return -1
+    if (text.charCodeAt(at) !== CHAR_D || !text.startsWith("data: ", at)) return -1
     if (text.startsWith("[DONE]\n\n", at + 6)) {
       this.done = true
       return at + 14

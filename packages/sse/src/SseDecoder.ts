@@ -88,8 +88,9 @@ export class SseDecoder {
 
   /**
    * Takes a byte chunk to be walked event by event: returns its text, which
-   * `feedEvent` then reads from wherever the caller has got to (a character
-   * split across chunks is held until its last byte comes).
+   * `feedEvent` then reads from wherever the caller has got to, never going
+   * back (a character split across chunks is held until its last byte
+   * comes). The text is kept until the walk reaches its end.
    */
   decode(chunk: Uint8Array): string {
     this.walk = this.overflowed ? "" : this.textOf(chunk)
@@ -99,10 +100,12 @@ export class SseDecoder {
 
   /**
    * Whether the decoder stands between events: the stream started, no line
-   * is partly read, and the event being built has no data and no type. An
-   * event that lies whole in the text as one `data:` line and a blank line
-   * would leave the decoder as it finds it here, so a caller may read such
-   * an event itself and go on with `feedEvent` after it.
+   * is partly read, no CR waits for the LF that may follow it, and the event
+   * being built has no data and no type (after a blank line, or after only
+   * `id:`, `retry:` or comment lines since). An event that lies whole in the
+   * text as one `data:` line and a blank line would leave the decoder as it
+   * finds it here, so a caller may read such an event itself and go on with
+   * `feedEvent` after it.
    */
   get betweenEvents(): boolean {
     return (
@@ -119,12 +122,17 @@ export class SseDecoder {
    * Reads the text of the last `decode` from `start` up to and including
    * the first blank line (the end of an event, dispatched into `events` when
    * it has data) and returns where it stopped: after that line, or the
-   * text's length, the rest kept for the next chunk. Walking a text event by
-   * event decodes what `push` would.
+   * text's length, the rest kept for the next chunk (and the walk over).
+   * `start` is where the last step stopped, or past events the caller read
+   * itself: never back. Walking a text event by event decodes what `push`
+   * would.
    */
   feedEvent(start: number, events: Array<SseEvent>): number {
     const text = this.walk
-    return this.overflowed ? text.length : this.feedFrom(text, start, events, true)
+    const stopped = this.overflowed ? text.length : this.feedFrom(text, start, events, true)
+    // At its end the walk lets its text go: a stream that waits long between reads keeps no read.
+    if (stopped >= text.length) this.walk = ""
+    return stopped
   }
 
   /**
