@@ -10,6 +10,7 @@
  */
 import { describe, expect, it, vi } from "@effect/vitest"
 import { SseDecoder } from "@swarmgate/sse"
+import { splitAt } from "@swarmgate/sse/testing"
 import fc from "fast-check"
 import { ChunkParser } from "../src/ChunkParser"
 import type { NodeEvent } from "../src/NodeTransport"
@@ -136,7 +137,7 @@ const cut = fc.oneof(
 
 const DATA = new TextEncoder().encode("data: ")
 
-const splitAt = (
+const cutAt = (
   bytes: Uint8Array,
   cuts: ReadonlyArray<{ readonly at: "byte" | "line" | "data"; readonly n: number }>,
 ): Array<Uint8Array> => {
@@ -150,14 +151,7 @@ const splitAt = (
   const offsets = cuts.map((c) =>
     c.at === "byte" ? c.n % (bytes.length + 1) : c.at === "line" ? nth(breaks, c.n) : nth(datas, c.n),
   )
-  const points = [...new Set(offsets)].filter((n) => n > 0 && n < bytes.length).sort((a, b) => a - b)
-  const parts: Array<Uint8Array> = []
-  let previous = 0
-  for (const point of [...points, bytes.length]) {
-    parts.push(bytes.subarray(previous, point))
-    previous = point
-  }
-  return parts
+  return splitAt(bytes, offsets)
 }
 
 const state = (reader: Reference | SseBody, deltas: Array<NodeEvent>) => ({
@@ -179,7 +173,7 @@ describe("SseBody", () => {
           const reference = new Reference(maxEventChars)
           const got: Array<NodeEvent> = []
           const want: Array<NodeEvent> = []
-          for (const [i, view] of splitAt(bytes, cuts).entries()) {
+          for (const [i, view] of cutAt(bytes, cuts).entries()) {
             // Sockets give Buffers; a view of another array must read the same.
             const part = i % 2 === 0 ? view : Buffer.from(view.buffer, view.byteOffset, view.byteLength)
             body.read(part, got)

@@ -3,6 +3,7 @@ import { Chunk, Effect, Stream } from "effect"
 import fc from "fast-check"
 import { decodeSse, SseDecoder, type SseEvent } from "../src/SseDecoder"
 import { DONE, encodeComment, encodeEvent, keepAlive } from "../src/SseEncoder"
+import { splitAt } from "../src/testing"
 
 const utf8 = (s: string) => new TextEncoder().encode(s)
 
@@ -12,18 +13,6 @@ const decodeAll = (chunks: ReadonlyArray<Uint8Array | string>): Array<SseEvent> 
   for (const chunk of chunks) events.push(...decoder.push(chunk))
   events.push(...decoder.end())
   return events
-}
-
-/** Splits `bytes` at the given cut points (sorted, deduplicated, within bounds). */
-const splitAt = (bytes: Uint8Array, cuts: ReadonlyArray<number>): Array<Uint8Array> => {
-  const points = [...new Set(cuts)].filter((n) => n > 0 && n < bytes.length).sort((a, b) => a - b)
-  const parts: Array<Uint8Array> = []
-  let previous = 0
-  for (const point of [...points, bytes.length]) {
-    parts.push(bytes.subarray(previous, point))
-    previous = point
-  }
-  return parts
 }
 
 const event = (data: string, fields: Partial<Omit<SseEvent, "data">> = {}): SseEvent => ({
