@@ -38,11 +38,41 @@ class Lane {
     }
   }
 
-  /** Most deadlines are cancelled long before they fall due: the lane sheds them once they are the majority. */
+  /** Entries held, cancelled ones not yet shed included. */
+  get size(): number {
+    return this.queue.length
+  }
+
+  /**
+   * Most deadlines are cancelled long before they fall due: those at either
+   * end of the lane leave at once, the others once they are the majority.
+   */
   cancel(deadline: Deadline) {
     if (deadline.fire === undefined) return
     deadline.fire = undefined
-    if (++this.cancelled > 1024 && this.cancelled * 2 > this.queue.length - this.head) {
+    this.cancelled++
+    // Requests end in about the order they began, and at one connection the only deadline is the
+    // last: cancelled entries at either end leave at once instead of waiting for a compaction (kept
+    // until then, they outlived young collections).
+    const queue = this.queue
+    while (queue.length > this.head && queue[queue.length - 1]!.fire === undefined) {
+      queue.pop()
+      this.cancelled--
+    }
+    while (this.head < queue.length && queue[this.head]!.fire === undefined) {
+      this.head++
+      this.cancelled--
+    }
+    if (this.head === queue.length) {
+      queue.length = 0
+      this.head = 0
+      return
+    }
+    if (this.head > 64 && this.head * 2 > queue.length) {
+      queue.splice(0, this.head)
+      this.head = 0
+    }
+    if (this.cancelled > 1024 && this.cancelled * 2 > this.queue.length - this.head) {
       this.queue = this.queue.slice(this.head).filter((d) => d.fire !== undefined)
       this.head = 0
       this.cancelled = 0
@@ -107,6 +137,9 @@ export const deadline = (millis: number, fire: () => void, from: number = Date.n
   owner.add(entry)
   return () => owner.cancel(entry)
 }
+
+/** Entries the lane of `millis` holds, cancelled ones not yet shed included (what it keeps alive; for tests). */
+export const held = (millis: number): number => lanes.get(millis)?.size ?? 0
 
 /** An open stream that wants a comment after `intervalMillis` without data. */
 export interface KeepAliveStream {

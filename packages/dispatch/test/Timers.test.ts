@@ -47,6 +47,29 @@ describe("Timers", () => {
     expect(called).toBe(0)
   })
 
+  it("a deadline cancelled at either end of its lane is shed at once; one between live ones waits", () => {
+    const millis = 987_654
+    const first = Timers.deadline(millis, () => {})
+    const middle = Timers.deadline(millis, () => {})
+    const last = Timers.deadline(millis, () => {})
+    expect(Timers.held(millis)).toBe(3)
+    middle()
+    expect(Timers.held(millis)).toBe(3)
+    last()
+    // The last, then the middle one it uncovered.
+    expect(Timers.held(millis)).toBe(1)
+    first()
+    expect(Timers.held(millis)).toBe(0)
+    // Requests end in about the order they began: cancelled from the front, nothing is kept.
+    const cancels = Array.from({ length: 2_000 }, () => Timers.deadline(millis, () => {}))
+    for (const [i, cancel] of cancels.entries()) {
+      cancel()
+      // What is held ahead of the live ones never outgrows them (and a small slack).
+      expect(Timers.held(millis)).toBeLessThanOrEqual(2 * (cancels.length - i - 1) + 65)
+    }
+    expect(Timers.held(millis)).toBe(0)
+  })
+
   it("keep-alives share one interval and stop pinging a removed stream", async () => {
     let pings = 0
     const stream: Timers.KeepAliveStream = { lastWrite: Date.now(), intervalMillis: 20, ping: () => pings++ }
