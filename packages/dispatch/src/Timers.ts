@@ -38,7 +38,7 @@ class Lane {
     }
   }
 
-  /** Entries held, cancelled ones not yet shed included. */
+  /** Entries held: live ones, cancelled ones not yet shed, and fired or skipped ones ahead of the head. */
   get size(): number {
     return this.queue.length
   }
@@ -66,6 +66,11 @@ class Lane {
     if (this.head === queue.length) {
       queue.length = 0
       this.head = 0
+      // Nothing left to wait for (while expiring, `expire` re-arms, or not, itself).
+      if (this.timer !== undefined && !this.expiring) {
+        clearTimeout(this.timer)
+        this.timer = undefined
+      }
       return
     }
     if (this.head > 64 && this.head * 2 > queue.length) {
@@ -138,7 +143,7 @@ export const deadline = (millis: number, fire: () => void, from: number = Date.n
   return () => owner.cancel(entry)
 }
 
-/** Entries the lane of `millis` holds, cancelled ones not yet shed included (what it keeps alive; for tests). */
+/** Entries the lane of `millis` holds (what it keeps alive; `Lane.size`), for tests. */
 export const held = (millis: number): number => lanes.get(millis)?.size ?? 0
 
 /** An open stream that wants a comment after `intervalMillis` without data. */

@@ -6,6 +6,10 @@ import { describe, expect, it, vi } from "@effect/vitest"
 import * as Timers from "../src/Timers"
 
 const sleep = (millis: number) => new Promise((resolve) => setTimeout(resolve, millis))
+/** Waits until `done` holds, or 5 s: what must happen does, however busy the machine. */
+const until = async (done: () => boolean) => {
+  for (const end = Date.now() + 5_000; !done() && Date.now() < end; ) await sleep(5)
+}
 
 describe("Timers", () => {
   it("deadlines of one duration fire once each, in order; cancelled ones never", async () => {
@@ -68,6 +72,23 @@ describe("Timers", () => {
       expect(Timers.held(millis)).toBeLessThanOrEqual(2 * (cancels.length - i - 1) + 65)
     }
     expect(Timers.held(millis)).toBe(0)
+  })
+
+  it("shedding cancelled deadlines behind fired ones loses no later deadline", async () => {
+    const millis = 25
+    const fired: Array<string> = []
+    const now = Date.now()
+    Timers.deadline(millis, () => fired.push("a"), now)
+    Timers.deadline(millis, () => fired.push("b"), now)
+    const later = ["c", "d", "e"].map((name) => Timers.deadline(millis, () => fired.push(name), now + 10_000))
+    await until(() => fired.length >= 2)
+    expect(fired).toEqual(["a", "b"])
+    // From the tail back to the fired ones: the lane is empty, and must still take and fire a new one.
+    for (const cancel of later.reverse()) cancel()
+    expect(Timers.held(millis)).toBe(0)
+    Timers.deadline(millis, () => fired.push("f"))
+    await until(() => fired.length >= 3)
+    expect(fired).toEqual(["a", "b", "f"])
   })
 
   it("keep-alives share one interval and stop pinging a removed stream", async () => {
