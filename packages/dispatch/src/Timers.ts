@@ -18,6 +18,8 @@ class Lane {
   private head = 0
   private cancelled = 0
   private timer: ReturnType<typeof setTimeout> | undefined
+  /** When the armed timer is due. */
+  private armedAt = 0
   /** Firing what fell due: that run arms the timer for the head it leaves, once. */
   private expiring = false
 
@@ -31,8 +33,9 @@ class Lane {
     // arming here too would leave a second timer running.
     if (this.expiring) return
     if (this.timer === undefined) this.arm(Date.now())
-    else if (at === this.head) {
-      // A new head, due sooner than the armed one.
+    else if (at === this.head && deadline.at < this.armedAt) {
+      // A new head, due sooner than the armed timer. (One due later waits for it: a lane emptied by
+      // cancels keeps its timer, which then re-arms for what came since — not a timer per request.)
       clearTimeout(this.timer)
       this.arm(Date.now())
     }
@@ -66,11 +69,6 @@ class Lane {
     if (this.head === queue.length) {
       queue.length = 0
       this.head = 0
-      // Nothing left to wait for (while expiring, `expire` re-arms, or not, itself).
-      if (this.timer !== undefined && !this.expiring) {
-        clearTimeout(this.timer)
-        this.timer = undefined
-      }
       return
     }
     if (this.head > 64 && this.head * 2 > queue.length) {
@@ -100,7 +98,8 @@ class Lane {
       this.queue.splice(0, this.head)
       this.head = 0
     }
-    this.timer = setTimeout(() => this.expire(), Math.max(0, this.queue[this.head]!.at - now))
+    this.armedAt = this.queue[this.head]!.at
+    this.timer = setTimeout(() => this.expire(), Math.max(0, this.armedAt - now))
     this.timer.unref()
   }
 

@@ -72,6 +72,14 @@ describe("Timers", () => {
       expect(Timers.held(millis)).toBeLessThanOrEqual(2 * (cancels.length - i - 1) + 65)
     }
     expect(Timers.held(millis)).toBe(0)
+    // One request at a time (set, then cancelled): the lane keeps one timer, not one per request.
+    const timeouts = vi.spyOn(globalThis, "setTimeout")
+    try {
+      for (let i = 0; i < 100; i++) Timers.deadline(millis, () => {})()
+      expect(timeouts.mock.calls.filter(([, ms]) => (ms ?? 0) > 900_000).length).toBeLessThanOrEqual(1)
+    } finally {
+      timeouts.mockRestore()
+    }
   })
 
   it("shedding cancelled deadlines behind fired ones loses no later deadline", async () => {
