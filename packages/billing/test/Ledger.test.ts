@@ -4,7 +4,7 @@
  * parameter read back by `json_each`, also when the thread cannot start;
  * PostgreSQL multi-row INSERTs), and a batch that cannot be written leaves nothing.
  */
-import type { SqlClient } from "@effect/sql"
+import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
 import { Database, SqliteWriter, TestDatabase } from "@swarmgate/store"
 import { Effect, Either, Layer } from "effect"
@@ -81,6 +81,15 @@ const suite = (name: string, database: Layer.Layer<SqlClient.SqlClient, unknown>
               expected.map((e) => ({ requestId: e.requestId, amount: e.costMicros })),
             )
           }
+          // Each charge's id is `chargeId` of its request: what makes a batch written twice fail.
+          const sql = yield* SqlClient.SqlClient
+          const ids = yield* sql<{
+            id: string
+            request_id: string
+          }>`SELECT id, request_id FROM balance_movements
+            WHERE kind = 'charge' AND account_id IN (${a.accountId}, ${b.accountId})`
+          expect(ids).toHaveLength(batch.length)
+          for (const row of ids) expect(row.id).toBe(Ledger.chargeId(row.request_id))
           const report = yield* LedgerCheck.check
           expect(report.problems).toEqual([])
         }),

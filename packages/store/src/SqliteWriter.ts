@@ -41,10 +41,22 @@ export class WriterUnavailable extends Data.TaggedError("WriterUnavailable")<{ r
 /** Whether `error` is a transaction that the thread never ran (`WriterUnavailable`). */
 export const isUnavailable = (error: SqlError): boolean => error.cause instanceof WriterUnavailable
 
-/** A statement, run once per parameter list (prepared once: a row costs a run, not a parse). */
+/** What a statement binds: values a worker message carries as they are. */
+export type SqlValue = string | number | bigint | null
+
+/**
+ * A statement, run once per `width` values of `values` (prepared once: a row
+ * costs a run, not a parse). The values are one flat array, not an array per
+ * run: a message to the thread copies each object it holds, and a batch's
+ * rows were most of the event loop's cost of posting it. Two statements may
+ * share one array (it is copied once): `pick` then says which of each run's
+ * values this one binds, in its order.
+ */
 export interface Statement {
   readonly sql: string
-  readonly runs: ReadonlyArray<ReadonlyArray<unknown>>
+  readonly width: number
+  readonly values: ReadonlyArray<SqlValue>
+  readonly pick?: ReadonlyArray<number> | undefined
 }
 
 export interface SqliteWriterShape {
@@ -82,9 +94,14 @@ const prepare = (sql) => {
   return statement
 }
 const run = db.transaction((statements) => {
-  for (const { sql, runs } of statements) {
+  for (const { sql, width, values, pick } of statements) {
     const statement = prepare(sql)
-    for (const params of runs) statement.run(params)
+    const params = new Array(pick === undefined ? width : pick.length)
+    for (let at = 0; at + width <= values.length; at += width) {
+      if (pick === undefined) for (let i = 0; i < width; i++) params[i] = values[at + i]
+      else for (let i = 0; i < pick.length; i++) params[i] = values[at + pick[i]]
+      statement.run(params)
+    }
   }
 })
 parentPort.on("message", ({ id, statements }) => {

@@ -20,7 +20,8 @@ const notes = Effect.flatMap(SqlClient.SqlClient, (sql) =>
 
 const insert = (id: string, n: number): SqliteWriter.Statement => ({
   sql: "INSERT INTO notes (id, n) VALUES (?, ?)",
-  runs: [[id, n]],
+  width: 2,
+  values: [id, n],
 })
 
 describe("SqliteWriter", () => {
@@ -31,6 +32,30 @@ describe("SqliteWriter", () => {
         const w = yield* writer
         yield* w.transaction([insert("a", 1), insert("b", 2)])
         expect(yield* notes).toEqual(["a=1", "b=2"])
+      }),
+    )
+
+    it.effect("runs a statement once per row of its values; a shared array read through pick", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        // Rows of three: id, a number, another id. The second statement binds the third and the second.
+        const values = ["kr1", 10, "s1", "kr2", 20, "s2", "kr3", 30, "s3"]
+        yield* w.transaction([
+          { sql: "INSERT INTO notes (id, n) VALUES (?, ?)", width: 3, values, pick: [0, 1] },
+          { sql: "INSERT INTO notes (id, n) VALUES ('kx' || ?, ? + 1)", width: 3, values, pick: [2, 1] },
+          { sql: "INSERT INTO notes (id, n) VALUES (?, ?)", width: 2, values: ["kp", 1, "kq", 2] },
+        ])
+        expect((yield* notes).filter((row) => row.startsWith("k"))).toEqual([
+          "kp=1",
+          "kq=2",
+          "kr1=10",
+          "kr2=20",
+          "kr3=30",
+          "kxs1=11",
+          "kxs2=21",
+          "kxs3=31",
+        ])
       }),
     )
 
