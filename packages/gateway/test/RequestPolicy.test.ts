@@ -78,6 +78,10 @@ describe("RequestPolicy", () => {
         ["response_format", { type: "json_schema", json_schema: {} }],
         ["stream_options", { include_usage: true }],
         ["temperature", -0.1],
+        ["temperature", 2.01],
+        ["top_p", 1.5],
+        ["presence_penalty", 2.5],
+        ["frequency_penalty", -3],
         ["user", "u".repeat(257)],
         ["stop", ""],
       ] as const) {
@@ -94,6 +98,10 @@ describe("RequestPolicy", () => {
         ["logit_bias", {}],
         ["modalities", ["text"]],
         ["response_format", { type: "json_object" }],
+        ["temperature", 2],
+        ["top_p", 0],
+        ["presence_penalty", -2],
+        ["frequency_penalty", 2],
       ] as const) {
         yield* run({ ...base, [field]: value })
       }
