@@ -14,22 +14,16 @@
  * when the chunk's own text is not that probe). Anything else — other
  * bytes, an escape the fast read does not take, a control character — is
  * parsed in full with `JSON.parse`, exactly as without a template.
+ *
+ * A stream's first chunks are read by the node's shapes (`ChunkShapes`),
+ * learned once per node, when one fits: a stream then begins without a full
+ * parse, and a text chunk read by a shape is its stream's template at once,
+ * with no proof of its own (the shape's was made when it was learned).
  */
+import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, own, QUOTE } from "./ChunkFields"
+import type { ChunkShapes } from "./ChunkShapes"
 
-/** What one chunk says: the text, the finish reason, the node's error message. */
-export interface ChunkFields {
-  content: string | undefined
-  finishReason: string | undefined
-  error: string | undefined
-}
-
-interface ChoiceChunk {
-  readonly choices?: ReadonlyArray<{
-    readonly delta?: { readonly content?: unknown } | null
-    readonly finish_reason?: unknown
-  } | null> | null
-  readonly error?: { readonly message?: unknown } | string | null
-}
+export type { ChunkFields } from "./ChunkFields"
 
 /**
  * Two probes, because a node's text may itself be one of them: a literal that
@@ -37,47 +31,11 @@ interface ChoiceChunk {
  * chunk's own text can only come back as the content from the content's literal.
  */
 export const PROBES: readonly [string, string] = ["swarmgate:template-probe:1", "swarmgate:template-probe:2"]
-const QUOTE = 34
-const BACKSLASH = 92
 /** Templates a stream may make: a node whose chunks all differ costs at most this many extra parses. */
 const MAX_TEMPLATES = 4
 
-const fieldsOf = (chunk: ChoiceChunk, into: ChunkFields): ChunkFields => {
-  const error = chunk.error
-  into.error =
-    error === undefined || error === null
-      ? undefined
-      : typeof error === "string"
-        ? error
-        : typeof error.message === "string"
-          ? error.message
-          : ""
-  const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined
-  const content = choice?.delta?.content
-  into.content = typeof content === "string" ? content : undefined
-  const finish = choice?.finish_reason
-  into.finishReason = typeof finish === "string" ? finish : undefined
-  return into
-}
-
-/** The index of the quote that closes the string literal opened just before `from`, or -1. */
-const closingQuote = (text: string, from: number): number => {
-  for (let i = from; i < text.length; i++) {
-    const c = text.charCodeAt(i)
-    if (c === QUOTE) return i
-    if (c === BACKSLASH) i++
-  }
-  return -1
-}
-
 /** V8 copies slices shorter than this; longer ones point into (and keep alive) the string they came from. */
 const SHORT = 13
-
-/**
- * A copy that does not keep the socket read it was sliced from alive: slicing a
- * concatenation flattens it into a new string of its own length first.
- */
-const own = (text: string) => `${text} `.slice(0, -1)
 
 /**
  * The string of the literal whose characters are `text[start, end)` (its
@@ -116,6 +74,9 @@ export class ChunkParser {
   /** The fields of the last chunk read, reused for every chunk: callers read them before the next. */
   readonly fields: ChunkFields = { content: undefined, finishReason: undefined, error: undefined }
 
+  /** `shapes`: the node's, shared by its streams' parsers (none: every stream learns on its own). */
+  constructor(private readonly shapes?: ChunkShapes) {}
+
   /** The chunk's fields, or `undefined` when `data` is not JSON. The result is valid until the next call. */
   parse(data: string): ChunkFields | undefined {
     // `slice` + `===` compares at memory speed; `startsWith` goes a character at a time in V8.
@@ -128,6 +89,8 @@ export class ChunkParser {
         return this.fields
       }
     }
+    const shapes = this.shapes
+    if (shapes !== undefined && this.fromShape(shapes, data)) return this.fields
     let chunk: unknown
     try {
       chunk = JSON.parse(data)
@@ -140,7 +103,7 @@ export class ChunkParser {
       this.fields.error = undefined
       return this.fields
     }
-    const fields = fieldsOf(chunk as ChoiceChunk, this.fields)
+    const fields = fieldsOf(chunk, this.fields)
     if (
       fields.content !== undefined &&
       fields.content.length > 0 &&
@@ -150,7 +113,27 @@ export class ChunkParser {
       this.templates++
       this.learn(data, fields.content, fields.finishReason)
     }
+    shapes?.learn(data, fields)
     return fields
+  }
+
+  /** Reads `data` by one of the node's shapes into `fields`; a text chunk's bytes become the stream's template. */
+  private fromShape(shapes: ChunkShapes, data: string): boolean {
+    const shape = shapes.match(data)
+    if (shape === undefined) return false
+    const start = shapes.contentStart
+    const end = shapes.contentEnd
+    const content = start < 0 ? undefined : literalText(data, start, end)
+    // A control character or a bad escape in the text: not JSON, as JSON.parse will say.
+    if (start >= 0 && content === undefined) return false
+    this.fields.content = content
+    this.fields.finishReason = shape.finishReason
+    this.fields.error = undefined
+    if (content !== undefined && content.length > 0 && this.templates < MAX_TEMPLATES) {
+      this.templates++
+      this.keep(data, start - 1, end, shape.finishReason)
+    }
+    return true
   }
 
   /** The text of a chunk that starts with the template's prefix, if its literal is plain and its rest the template's. */
@@ -205,16 +188,21 @@ export class ChunkParser {
         if (data.charCodeAt(i) === QUOTE) {
           const end = closingQuote(data, i + 1)
           if (end > 0 && this.verify(data, i, end, content, finishReason)) {
-            this.prefix = own(data.slice(0, i + 1))
-            this.suffix = own(data.slice(end + 1))
-            this.oneLine = !LINE_BREAK.test(this.prefix) && !LINE_BREAK.test(this.suffix)
-            this.templateFinish = finishReason
+            this.keep(data, i, end, finishReason)
             return
           }
         }
       }
       at = data.indexOf('"content"', at + 1)
     }
+  }
+
+  /** The bytes of `data` around its content's literal (quotes at `open` and `close`) as the template. */
+  private keep(data: string, open: number, close: number, finishReason: string | undefined): void {
+    this.prefix = own(data.slice(0, open + 1))
+    this.suffix = own(data.slice(close + 1))
+    this.oneLine = !LINE_BREAK.test(this.prefix) && !LINE_BREAK.test(this.suffix)
+    this.templateFinish = finishReason
   }
 
   /**
@@ -235,7 +223,7 @@ export class ChunkParser {
     try {
       const probed = JSON.parse(
         `${data.slice(0, open)}${JSON.stringify(probe)}${data.slice(close + 1)}`,
-      ) as ChoiceChunk
+      ) as object
       const fields = fieldsOf(probed, { content: undefined, finishReason: undefined, error: undefined })
       return fields.content === probe && fields.finishReason === finishReason && fields.error === undefined
     } catch {

@@ -13,6 +13,7 @@
 import { Chunk, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
 import { constVoid } from "effect/Function"
 import { Agent, type Dispatcher } from "undici"
+import { ChunkShapes } from "./ChunkShapes"
 import type { NodeSpec } from "./NodesFile"
 import {
   generateFromOpen,
@@ -25,7 +26,7 @@ import {
   type NodeStart,
   type SwarmNode,
 } from "./NodeTransport"
-import { finishOf, MAX_ERROR_BODY, SseBody } from "./SseBody"
+import { finishOf, MAX_ERROR_BODY, MAX_EVENT_CHARS, SseBody } from "./SseBody"
 import * as Timers from "./Timers"
 
 export { MAX_EVENT_CHARS } from "./SseBody"
@@ -188,7 +189,7 @@ const answerOf = (
  * per pull does not grow with the number of events in it.
  */
 class EventReader {
-  private readonly body = new SseBody()
+  private readonly body: SseBody
   private pending: Array<NodeEvent> = []
   /** Bytes read since the last pull took the pending events. */
   private pendingBytes = 0
@@ -209,7 +210,11 @@ class EventReader {
     private readonly idleMillis: number,
     /** Stops and restarts reading the socket: a slow consumer slows the node. */
     private readonly flow: { readonly pause: () => void; readonly resume: () => void },
-  ) {}
+    /** The node's chunk shapes, learned by its earlier streams. */
+    shapes: ChunkShapes,
+  ) {
+    this.body = new SseBody(MAX_EVENT_CHARS, shapes)
+  }
 
   /** A socket read of the body. */
   data(bytes: Buffer): void {
@@ -357,6 +362,8 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   }
   if (options.apiKey !== undefined) headers.authorization = `Bearer ${options.apiKey}`
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
+  // What this node's chunks look like, learned by its first streams and kept for the rest.
+  const shapes = new ChunkShapes()
 
   /**
    * Sends the request and reports the first events (or the failure) to
@@ -437,10 +444,15 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
             )
             return
           }
-          const events = new EventReader(failure, request.idleTimeoutMillis ?? 0, {
-            pause: () => c.pause(),
-            resume: () => c.resume(),
-          })
+          const events = new EventReader(
+            failure,
+            request.idleTimeoutMillis ?? 0,
+            {
+              pause: () => c.pause(),
+              resume: () => c.resume(),
+            },
+            shapes,
+          )
           reader = events
           rest = events.pull
           restNext = (done) => events.next(done)

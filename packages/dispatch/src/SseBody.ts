@@ -15,6 +15,7 @@
  */
 import { SseDecoder } from "@swarmgate/sse"
 import { type ChunkFields, ChunkParser } from "./ChunkParser"
+import type { ChunkShapes } from "./ChunkShapes"
 import type { NodeEvent } from "./NodeTransport"
 
 /** An SSE line or event longer than this ends the stream as `bad_event`: we never buffer an endless line. */
@@ -29,7 +30,7 @@ const LF = 10
 
 export class SseBody {
   private readonly decoder: SseDecoder.SseDecoder
-  private readonly chunks = new ChunkParser()
+  private readonly chunks: ChunkParser
   /** The decoder's events of one step of a read's walk, handed on at once. */
   private readonly dispatched: Array<SseDecoder.SseEvent> = []
   /** `[DONE]` came: what follows is read (to free the connection) and ignored. */
@@ -39,8 +40,13 @@ export class SseBody {
   /** Why the body cannot be read on (`bad_event: …`, `node_error: …`); nothing is read after it. */
   failure: string | undefined = undefined
 
-  constructor(private readonly maxEventChars: number = MAX_EVENT_CHARS) {
+  /** `shapes`: the node's chunk shapes, shared by its streams (ChunkShapes.ts). */
+  constructor(
+    private readonly maxEventChars: number = MAX_EVENT_CHARS,
+    shapes?: ChunkShapes,
+  ) {
     this.decoder = new SseDecoder.SseDecoder(maxEventChars)
+    this.chunks = new ChunkParser(shapes)
   }
 
   /** A socket read: the deltas it completes are appended to `into`. */

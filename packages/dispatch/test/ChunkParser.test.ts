@@ -8,41 +8,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import fc from "fast-check"
 import { ChunkParser, PROBES } from "../src/ChunkParser"
-import { chunk, head, literal } from "./support/Chunks"
-
-/** The reading without a template: one `JSON.parse` per chunk. */
-const reference = (data: string) => {
-  let chunk: unknown
-  try {
-    chunk = JSON.parse(data)
-  } catch {
-    return undefined
-  }
-  if (typeof chunk !== "object" || chunk === null)
-    return { content: undefined, finishReason: undefined, error: undefined }
-  const c = chunk as {
-    choices?: unknown
-    error?: unknown
-  }
-  const error = c.error
-  const choice = Array.isArray(c.choices)
-    ? (c.choices[0] as { delta?: { content?: unknown } | null; finish_reason?: unknown } | null | undefined)
-    : undefined
-  const content = choice?.delta?.content
-  const finish = choice?.finish_reason
-  return {
-    content: typeof content === "string" ? content : undefined,
-    finishReason: typeof finish === "string" ? finish : undefined,
-    error:
-      error === undefined || error === null
-        ? undefined
-        : typeof error === "string"
-          ? error
-          : typeof (error as { message?: unknown }).message === "string"
-            ? ((error as { message: string }).message as string)
-            : "",
-  }
-}
+import { chunk, head, literal, reference } from "./support/Chunks"
 
 const read = (parser: ChunkParser, data: string) => {
   const fields = parser.parse(data)
