@@ -8,9 +8,9 @@
  * prove the template) and the finish — about as much as reading all the other
  * chunks of a short answer. A shape is a chunk's text split at its string and
  * number values into fixed segments and holes, one of which may be the
- * content. A chunk that has the fixed segments, a plain string literal or a
- * JSON number in each hole and a string literal in the content's is read
- * without a parse.
+ * content. A chunk that has the fixed segments, a JSON string literal or
+ * number in each hole and a string literal in the content's is read without
+ * a parse.
  *
  * This is exact, not a guess. JSON's grammar is context-free, so a string
  * token in place of another, or a number in place of a number, leaves the
@@ -19,22 +19,35 @@
  * the gateway reads depends on — never anything under `error`, nor
  * `choices[0].finish_reason`, nor a key, nor a literal `true`, `false` or
  * `null` — and the content's hole is `choices[0].delta.content`; a chunk with
- * a key twice in one object teaches nothing. What the shape says is then
- * checked once, by parsing the learned chunk with probe values in every hole:
- * its fields must come back as the chunk's own, with the probe as the content.
+ * a key twice in one object teaches nothing. That rests on the learning walk
+ * below (`Walk.member` follows exactly what `fieldsOf` reads). As a check of
+ * the walk, the learned chunk is parsed once more with a probe of its own in
+ * every hole: its fields must come back as the chunk's own, with the
+ * content's probe as the content.
  */
 import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, own, QUOTE } from "./ChunkFields"
 
+const PLUS = 43
+const COMMA = 44
 const MINUS = 45
+const DOT = 46
 const ZERO = 48
 const NINE = 57
-const DOT = 46
+const COLON = 58
+const OPEN_ARRAY = 91
+const CLOSE_ARRAY = 93
+const OPEN_OBJECT = 123
+const CLOSE_OBJECT = 125
 
 /** Shapes a node may teach, and chunks offered to learn from: a node whose chunks all differ costs this much, once. */
 const MAX_SHAPES = 8
 const MAX_LESSONS = 32
-/** Holes in one shape: a chunk with more values than this is not learned. */
+/** Holes in one shape, nesting and length of a chunk learned from: nodes' chunks are short and flat. */
 const MAX_HOLES = 64
+const MAX_DEPTH = 32
+const MAX_CHUNK_CHARS = 4_096
+
+const LITERALS = ["true", "false", "null"] as const
 
 enum Hole {
   String = 0,
@@ -62,6 +75,9 @@ enum Place {
 
 const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 const isDigit = (c: number) => c >= ZERO && c <= NINE
+const isHex = (c: number) => isDigit(c) || (c >= 97 && c <= 102) || (c >= 65 && c <= 70)
+/** What JSON allows after a backslash besides `u`: `"` `\` `/` `b` `f` `n` `r` `t`. */
+const SHORT_ESCAPES = new Set([QUOTE, BACKSLASH, 47, 98, 102, 110, 114, 116])
 
 /** The end of the JSON number at `at`, or -1 when none starts there. */
 const numberEnd = (text: string, at: number): number => {
@@ -78,22 +94,27 @@ const numberEnd = (text: string, at: number): number => {
     while (isDigit(text.charCodeAt(i))) i++
   }
   const e = text.charCodeAt(i)
-  if (e === 101 || e === 69) {
+  if (e === 101 /* e */ || e === 69 /* E */) {
     const sign = text.charCodeAt(++i)
-    if (sign === 43 || sign === MINUS) i++
+    if (sign === PLUS || sign === MINUS) i++
     if (!isDigit(text.charCodeAt(i))) return -1
     while (isDigit(text.charCodeAt(i))) i++
   }
   return i
 }
 
-/** The end of the plain string literal (no escape, no control character) at `at`, or -1. */
-const plainStringEnd = (text: string, at: number): number => {
+/** The end of the JSON string literal at `at` (escapes valid, no control character), or -1. */
+const stringEnd = (text: string, at: number): number => {
   if (text.charCodeAt(at) !== QUOTE) return -1
   for (let i = at + 1; i < text.length; i++) {
     const c = text.charCodeAt(i)
     if (c === QUOTE) return i + 1
-    if (c < 32 || c === BACKSLASH) return -1
+    if (c < 32) return -1
+    if (c !== BACKSLASH) continue
+    const escaped = text.charCodeAt(++i)
+    if (escaped === 117 /* u */) {
+      for (let k = 0; k < 4; k++) if (!isHex(text.charCodeAt(++i))) return -1
+    } else if (!SHORT_ESCAPES.has(escaped)) return -1
   }
   return -1
 }
@@ -109,17 +130,15 @@ class Shape {
 
 /**
  * The learning walk over a chunk that `JSON.parse` read: its fixed segments
- * and holes, or undefined when it teaches nothing (a key twice in an object,
- * too many holes, an error).
+ * and holes, unless it teaches nothing (a key twice in an object, too many
+ * holes, too deep).
  */
 class Walk {
   private at = 0
   private from = 0
+  private depth = 0
   readonly fixed: Array<string> = []
   readonly holes: Array<Hole> = []
-  /** The original text of each hole, to check that the cut puts the chunk back together. */
-  readonly values: Array<string> = []
-  failed = false
 
   constructor(private readonly text: string) {}
 
@@ -127,35 +146,27 @@ class Walk {
     while (isWhitespace(this.text.charCodeAt(this.at))) this.at++
   }
 
-  private cut(kind: Hole, end: number): void {
-    if (this.holes.length >= MAX_HOLES) {
-      this.failed = true
-      return
-    }
+  private cut(kind: Hole, end: number): boolean {
+    if (this.holes.length >= MAX_HOLES) return false
     this.fixed.push(this.text.slice(this.from, this.at))
     this.holes.push(kind)
-    this.values.push(this.text.slice(this.at, end))
     this.from = end
+    this.at = end
+    return true
   }
 
-  /** The key string at `at` (the walk is on its opening quote), decoded. */
+  /** The key string at `at` (the walk is on its opening quote), decoded; the walk moves past it. */
   private key(): string | undefined {
-    const end = closingQuote(this.text, this.at + 1)
+    const end = stringEnd(this.text, this.at)
     if (end < 0) return undefined
-    const raw = this.text.slice(this.at, end + 1)
-    this.at = end + 1
-    try {
-      return raw.includes("\\") ? (JSON.parse(raw) as string) : raw.slice(1, -1)
-    } catch {
-      return undefined
-    }
+    const raw = this.text.slice(this.at, end)
+    this.at = end
+    return raw.includes("\\") ? (JSON.parse(raw) as string) : raw.slice(1, -1)
   }
 
-  /** Where a member's value goes, by its container's place and the member's key or index. */
+  /** Where a member's value lies, by its container's place and the member's key or index (as `fieldsOf` reads). */
   private static member(container: Place, key: string | number): Place {
     switch (container) {
-      case Place.Fixed:
-        return Place.Fixed
       case Place.Top:
         return key === "error" ? Place.Fixed : key === "choices" ? Place.Choices : Place.Free
       case Place.Choices:
@@ -164,39 +175,43 @@ class Walk {
         return key === "finish_reason" ? Place.Fixed : key === "delta" ? Place.Delta : Place.Free
       case Place.Delta:
         return key === "content" ? Place.Content : Place.Free
-      default:
+      case Place.Free:
         return Place.Free
+      default:
+        return Place.Fixed
     }
   }
 
   /** Walks the value at `at` in `place`; false when the chunk teaches nothing. */
-  value(place: Place): boolean {
-    if (this.failed) return false
+  private value(place: Place): boolean {
     this.space()
     const text = this.text
     const c = text.charCodeAt(this.at)
-    if (c === 123 /* { */ || c === 91 /* [ */) {
-      // A container where a scalar is read (the content, say) is kept whole, as is all that is under it.
+    if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
+      // Chunks are shallow; the walk recurses where JSON.parse does not.
+      if (++this.depth > MAX_DEPTH) return false
+      // A container where the content's string is read is kept whole. Elsewhere `member` tells by the
+      // key's kind: an array's indexes never match an object's keys, so a misplaced container is free.
       const inner = place === Place.Content ? Place.Fixed : place
-      return c === 123 ? this.object(inner) : this.array(inner)
+      const walked = c === OPEN_OBJECT ? this.object(inner) : this.array(inner)
+      this.depth--
+      return walked
     }
     if (c === QUOTE) {
-      const end = closingQuote(text, this.at + 1)
+      const end = stringEnd(text, this.at)
       if (end < 0) return false
-      if (place === Place.Content) this.cut(Hole.Content, end + 1)
-      // A string with an escape is kept as it is: a hole takes plain strings only.
-      else if (place === Place.Free && plainStringEnd(text, this.at) === end + 1)
-        this.cut(Hole.String, end + 1)
-      this.at = end + 1
-      return !this.failed
+      if (place === Place.Content) return this.cut(Hole.Content, end)
+      if (place === Place.Free) return this.cut(Hole.String, end)
+      this.at = end
+      return true
     }
     const numberAt = numberEnd(text, this.at)
     if (numberAt > this.at) {
-      if (place === Place.Free) this.cut(Hole.Number, numberAt)
+      if (place === Place.Free) return this.cut(Hole.Number, numberAt)
       this.at = numberAt
-      return !this.failed
+      return true
     }
-    for (const word of ["true", "false", "null"])
+    for (const word of LITERALS)
       if (text.startsWith(word, this.at)) {
         this.at += word.length
         return true
@@ -208,7 +223,7 @@ class Walk {
     const text = this.text
     this.at++
     this.space()
-    if (text.charCodeAt(this.at) === 125 /* } */) {
+    if (text.charCodeAt(this.at) === CLOSE_OBJECT) {
       this.at++
       return true
     }
@@ -221,13 +236,13 @@ class Walk {
       if (key === undefined || keys.has(key)) return false
       keys.add(key)
       this.space()
-      if (text.charCodeAt(this.at) !== 58 /* : */) return false
+      if (text.charCodeAt(this.at) !== COLON) return false
       this.at++
       if (!this.value(Walk.member(place, key))) return false
       this.space()
       const next = text.charCodeAt(this.at++)
-      if (next === 125 /* } */) return true
-      if (next !== 44 /* , */) return false
+      if (next === CLOSE_OBJECT) return true
+      if (next !== COMMA) return false
     }
   }
 
@@ -235,7 +250,7 @@ class Walk {
     const text = this.text
     this.at++
     this.space()
-    if (text.charCodeAt(this.at) === 93 /* ] */) {
+    if (text.charCodeAt(this.at) === CLOSE_ARRAY) {
       this.at++
       return true
     }
@@ -243,8 +258,8 @@ class Walk {
       if (!this.value(Walk.member(place, index))) return false
       this.space()
       const next = text.charCodeAt(this.at++)
-      if (next === 93 /* ] */) return true
-      if (next !== 44 /* , */) return false
+      if (next === CLOSE_ARRAY) return true
+      if (next !== COMMA) return false
     }
   }
 
@@ -258,14 +273,22 @@ class Walk {
   }
 }
 
-const PROBE_STRING = '"swarmgate:shape-probe"'
-const PROBE_NUMBER = "7"
-const PROBE_CONTENT = ["swarmgate:shape-probe:1", "swarmgate:shape-probe:2"] as const
+/** A probe of its own for hole `i`: a string, a number or (the content) a text other than the chunk's. */
+const probeOf = (kind: Hole, i: number, content: string): string =>
+  kind === Hole.Number
+    ? String(1000 + i)
+    : JSON.stringify(
+        kind === Hole.String
+          ? `swarmgate:shape-probe:${i}`
+          : content === "swarmgate:shape-probe:content"
+            ? "swarmgate:shape-probe:text"
+            : "swarmgate:shape-probe:content",
+      )
 
 export class ChunkShapes {
   private readonly shapes: Array<Shape> = []
   private lessons = 0
-  /** Set by `match`: where the content's literal lies (its quotes outside), or -1 when the shape has none. */
+  /** Set by `match` for the caller to read at once: where the content's literal lies (quotes outside), or -1. */
   contentStart = -1
   contentEnd = -1
 
@@ -275,45 +298,39 @@ export class ChunkShapes {
   }
 
   /**
-   * Learns the shape of `data`, which `JSON.parse` read as `fields` (no
-   * error), when it is a new one and the node may still teach.
+   * Learns the shape of `data`, which `JSON.parse` read as the object whose
+   * fields are `fields` (no error), when it is a new one and the node may
+   * still teach. Never throws.
    */
   learn(data: string, fields: ChunkFields): void {
-    if (this.shapes.length >= MAX_SHAPES || this.lessons >= MAX_LESSONS || fields.error !== undefined) return
-    this.lessons++
-    const walk = new Walk(data)
-    if (!walk.all() || walk.failed) return
-    const { fixed, holes, values } = walk
-    let whole = fixed[0]!
-    for (let i = 0; i < holes.length; i++) whole += values[i]! + fixed[i + 1]!
-    if (whole !== data) return
-    const content = holes.indexOf(Hole.Content)
-    if (content < 0 !== (fields.content === undefined)) return
-    // Every hole given a probe at once: the fields must be the chunk's own, the content the probe.
-    const probe = fields.content === PROBE_CONTENT[0] ? PROBE_CONTENT[1] : PROBE_CONTENT[0]
-    let probed = fixed[0]!
-    for (let i = 0; i < holes.length; i++)
-      probed +=
-        (holes[i] === Hole.Content
-          ? JSON.stringify(probe)
-          : holes[i] === Hole.String
-            ? PROBE_STRING
-            : PROBE_NUMBER) + fixed[i + 1]!
-    let read: ChunkFields
-    try {
-      const parsed: unknown = JSON.parse(probed)
-      if (typeof parsed !== "object" || parsed === null) return
-      read = fieldsOf(parsed, { content: undefined, finishReason: undefined, error: undefined })
-    } catch {
-      return
-    }
     if (
-      read.content !== (content < 0 ? undefined : probe) ||
-      read.finishReason !== fields.finishReason ||
-      read.error !== undefined
+      this.shapes.length >= MAX_SHAPES ||
+      this.lessons >= MAX_LESSONS ||
+      fields.error !== undefined ||
+      data.length > MAX_CHUNK_CHARS
     )
       return
-    this.shapes.push(new Shape(fixed.map(own), holes, fields.finishReason))
+    this.lessons++
+    try {
+      const walk = new Walk(data)
+      if (!walk.all()) return
+      const { fixed, holes } = walk
+      const contents = holes.filter((h) => h === Hole.Content).length
+      if (contents !== (fields.content === undefined ? 0 : 1)) return
+      let probed = fixed[0]!
+      for (let i = 0; i < holes.length; i++)
+        probed += probeOf(holes[i]!, i, fields.content ?? "") + fixed[i + 1]!
+      const parsed: unknown = JSON.parse(probed)
+      if (typeof parsed !== "object" || parsed === null) return
+      const read = fieldsOf(parsed, { content: undefined, finishReason: undefined, error: undefined })
+      const content = holes.indexOf(Hole.Content)
+      const probe = content < 0 ? undefined : JSON.parse(probeOf(Hole.Content, content, fields.content ?? ""))
+      if (read.content !== probe || read.finishReason !== fields.finishReason || read.error !== undefined)
+        return
+      this.shapes.push(new Shape(fixed.map(own), holes, fields.finishReason))
+    } catch {
+      // Not JSON after all, or a walk that met what it does not know: nothing learned.
+    }
   }
 
   /**
@@ -337,7 +354,7 @@ export class ChunkShapes {
       at += before.length
       switch (holes[i]) {
         case Hole.String:
-          at = plainStringEnd(data, at)
+          at = stringEnd(data, at)
           break
         case Hole.Number:
           at = numberEnd(data, at)

@@ -59,6 +59,31 @@ const head = (s: Stream) =>
 
 const finishValue = fc.constantFrom('"stop"', '"length"', "null", "1", '"st\\u006fp"')
 
+/** Structures that trap a walk which follows the wrong value, each filled with two literals. */
+const odd: ReadonlyArray<(a: string, b: string) => string> = [
+  (a, b) => `{"choices":[{"delta":{"con\\u0074ent":${a},"role":${b}}}]}`,
+  (a, b) => `{"ch\\u006fices":[{"delta":{"content":${a}}}],"choices":[{"delta":{"content":${b}}}]}`,
+  (a, b) => `{"__proto__":{"content":${a}},"choices":[{"delta":{"content":${b}}}]}`,
+  (a, b) => `[${a},{"choices":[{"delta":{"content":${b}}}]}]`,
+  (a, b) => `{"choices":{"0":{"delta":{"content":${a}}},"x":${b}}}`,
+  (a, b) => `{"choices":[{"message":{"content":${a}},"delta":{"content":${b}}}]}`,
+  (a, b) => `{"choices":[{"delta":{"content":${a}},"message":{"content":${b}}}]}`,
+  (a, b) => `{"choices":[{"delta":{},"logprobs":{"content":${a}},"x":${b}}]}`,
+  (a, b) => `{"choices":[{"delta":{"content":${a}}},{"delta":{"content":${b}}}]}`,
+  (a, b) => `{"choices":[[{"delta":{"content":${a}}}],{"delta":{"content":${b}}}]}`,
+  (a, b) => `{"choices":[{"delta":[{"content":${a}}],"finish_reason":${b}}]}`,
+  (a, b) => `{\n\t"choices" :\r\n[ {"delta":{ "content" :${a} } ,"finish_reason"\t:${b}} ] }`,
+  (a, b) => `{"x":[[1,[2,${a}]],{"y":[]}],"choices":[{"delta":{"content":${b}}}]}`,
+  (a, b) => `{"choices":[{"delta":{"content":null,"c":${a}},"finish_reason":${b}}]}`,
+  (a, b) => `{"choices":[{"delta":{"content":{"a":${a}}},"finish_reason":"stop","f":${b}}]}`,
+  (a, b) => `{"choices":[{"delta":{},"finish_reason":{"x":${a}}}],"y":${b}}`,
+  (a, b) => `{"error":null,"choices":[{"delta":{"content":${a}}}],"e":${b}}`,
+  (a, b) => `{"error":{"message":${a}},"choices":[{"delta":{"content":${b}}}]}`,
+  (a, b) => `{"error":${a},"choices":[{"delta":{"content":${b}}}]}`,
+  (a, b) =>
+    `{"n":[${Array.from({ length: 70 }, (_, i) => i).join(",")}],"s":${a},"choices":[{"delta":{"content":${b}}}]}`,
+]
+
 /** One chunk of a stream, given the stream's own values. */
 const streamChunk: fc.Arbitrary<(s: Stream) => string> = fc.oneof(
   {
@@ -95,6 +120,14 @@ const streamChunk: fc.Arbitrary<(s: Stream) => string> = fc.oneof(
     ),
   },
   { weight: 1, arbitrary: chunk.map((c) => () => c) },
+  {
+    weight: 3,
+    arbitrary: fc.tuple(fc.nat({ max: odd.length - 1 }), fc.oneof(stringValue, numberValue), literal).map(
+      ([i, a, b]) =>
+        () =>
+          odd[i]!(a, b),
+    ),
+  },
 )
 
 /** A chunk cut or grown by one character somewhere: mostly not JSON any more. */
@@ -152,6 +185,24 @@ describe("ChunkShapes", () => {
     )
   })
 
+  it("each structure, learned from one chunk, reads the next with other values as JSON.parse would", () => {
+    const value = fc.oneof(stringValue, numberValue, literal)
+    fc.assert(
+      fc.property(
+        fc.nat({ max: odd.length - 1 }),
+        fc.array(fc.tuple(value, value), { minLength: 2, maxLength: 4 }),
+        (i, fills) => {
+          const shapes = new ChunkShapes()
+          for (const [a, b] of fills) {
+            const data = odd[i]!(a, b)
+            expect(read(new ChunkParser(shapes), data)).toEqual(reference(data))
+          }
+        },
+      ),
+      { numRuns: 3000 },
+    )
+  })
+
   it("a node's later streams begin without a full parse", () => {
     const shapes = new ChunkShapes()
     const chunks = (n: number) => {
@@ -201,16 +252,28 @@ describe("ChunkShapes", () => {
     expect(shapes.size).toBe(4)
   })
 
-  it("learns nothing from a chunk with a key twice, an error, or an escaped text where a plain one may go", () => {
+  it("learns nothing from a chunk with a key twice, an error, or nesting deeper than chunks go", () => {
     const shapes = new ChunkShapes()
     const learn = (data: string) => shapes.learn(data, new ChunkParser().parse(data)!)
     learn('{"choices":[{"delta":{"content":"a","content":"b"}}]}')
+    learn('{"choices":[{"delta":{"con\\u0074ent":"a","content":"b"}}]}')
     learn('{"choices":[{"delta":{"content":"a"}}],"error":{"message":"down"}}')
+    const deep = `{"choices":[{"delta":{"content":"hi"}}],"x":${"[".repeat(5_000)}${"]".repeat(5_000)}}`
+    learn(deep)
     expect(shapes.size).toBe(0)
-    // The escaped id stays fixed: only this id matches, a plain one is read in full.
-    learn('{"id":"c\\u0031","choices":[{"delta":{"content":"a"}}]}')
+    // What it did not learn, a parser with the shapes still reads as JSON.parse does.
+    expect(new ChunkParser(shapes).parse(deep)?.content).toBe("hi")
+  })
+
+  it("a hole takes any string literal with valid escapes, and nothing else", () => {
+    const shapes = new ChunkShapes()
+    const data = '{"id":"c\\u0031","choices":[{"delta":{"content":"a"}}]}'
+    shapes.learn(data, new ChunkParser().parse(data)!)
     expect(shapes.size).toBe(1)
-    expect(shapes.match('{"id":"c\\u0031","choices":[{"delta":{"content":"zz"}}]}')).toBeDefined()
-    expect(shapes.match('{"id":"c2","choices":[{"delta":{"content":"zz"}}]}')).toBeUndefined()
+    const chunk = (id: string) => `{"id":${id},"choices":[{"delta":{"content":"zz"}}]}`
+    for (const id of ['"c2"', '"\\n\\t\\"\\\\\\/\\b\\f\\r\\uABcd"', '""'])
+      expect(shapes.match(chunk(id))).toBeDefined()
+    for (const id of ['"\\x"', '"\\u12g4"', '"a\u0001"', '"a', "7", "null"])
+      expect(shapes.match(chunk(id))).toBeUndefined()
   })
 })
