@@ -71,6 +71,8 @@ export class ChunkParser {
   private templates = 0
   /** The template has no line break: a chunk of it can lie on one `data:` line (`parseAt`). */
   private oneLine = false
+  /** The node's shape tried first: the one after the last this stream matched. */
+  private nextShape = 0
   /** The fields of the last chunk read, reused for every chunk: callers read them before the next. */
   readonly fields: ChunkFields = { content: undefined, finishReason: undefined, error: undefined }
 
@@ -119,19 +121,21 @@ export class ChunkParser {
 
   /** Reads `data` by one of the node's shapes into `fields`; a text chunk's bytes become the stream's template. */
   private fromShape(shapes: ChunkShapes, data: string): boolean {
-    const shape = shapes.match(data)
-    if (shape === undefined) return false
+    const shape = shapes.match(data, this.nextShape)
+    if (shape < 0) return false
     const start = shapes.contentStart
     const end = shapes.contentEnd
     const content = start < 0 ? undefined : literalText(data, start, end)
     // A control character or a bad escape in the text: not JSON, as JSON.parse will say.
     if (start >= 0 && content === undefined) return false
+    this.nextShape = shape + 1
+    const finishReason = shapes.finishReasonOf(shape)
     this.fields.content = content
-    this.fields.finishReason = shape.finishReason
+    this.fields.finishReason = finishReason
     this.fields.error = undefined
     if (content !== undefined && content.length > 0 && this.templates < MAX_TEMPLATES) {
       this.templates++
-      this.keep(data, start - 1, end, shape.finishReason)
+      this.keep(data, start - 1, end, finishReason)
     }
     return true
   }

@@ -334,13 +334,26 @@ export class ChunkShapes {
   }
 
   /**
-   * The shape `data` is an instance of, if any: its content's literal then
-   * lies at `contentStart`…`contentEnd` (its characters, quotes outside; not
-   * yet checked for escapes and control characters, which the caller reads).
+   * The index of the shape `data` is an instance of, or -1: its content's
+   * literal then lies at `contentStart`…`contentEnd` (its characters, quotes
+   * outside; not yet checked for escapes and control characters, which the
+   * caller reads). Shapes are tried from `from` on, round: a stream's chunks
+   * come in the order its node's first streams taught them (role, text,
+   * finish), so the one after the last matched is most often the next.
    */
-  match(data: string): Shape | undefined {
-    for (const shape of this.shapes) if (this.instance(shape, data)) return shape
-    return undefined
+  match(data: string, from = 0): number {
+    const shapes = this.shapes
+    const n = shapes.length
+    for (let k = 0; k < n; k++) {
+      const i = (from + k) % n
+      if (this.instance(shapes[i]!, data)) return i
+    }
+    return -1
+  }
+
+  /** The finish reason every instance of shape `i` carries. */
+  finishReasonOf(i: number): string | undefined {
+    return this.shapes[i]!.finishReason
   }
 
   private instance(shape: Shape, data: string): boolean {
