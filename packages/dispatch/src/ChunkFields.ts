@@ -41,6 +41,9 @@ export const fieldsOf = (parsed: object, into: ChunkFields): ChunkFields => {
 export const QUOTE = 34
 export const BACKSLASH = 92
 
+/** JSON's whitespace between tokens: space, tab, line feed, carriage return. */
+export const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
+
 /** The index of the quote that closes the string literal opened just before `from`, or -1. */
 export const closingQuote = (text: string, from: number): number => {
   for (let i = from; i < text.length; i++) {

@@ -20,7 +20,7 @@
  * parse, and a text chunk read by a shape is its stream's template at once,
  * with no proof of its own (the shape's was made when it was learned).
  */
-import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, own, QUOTE } from "./ChunkFields"
+import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, isWhitespace, own, QUOTE } from "./ChunkFields"
 import type { ChunkShapes } from "./ChunkShapes"
 
 export type { ChunkFields } from "./ChunkFields"
@@ -59,8 +59,6 @@ const literalText = (text: string, start: number, end: number): string | undefin
 }
 
 const LINE_BREAK = /[\r\n]/
-
-const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 
 export class ChunkParser {
   /** The template's bytes up to and including the content literal's opening quote; "" while none. */

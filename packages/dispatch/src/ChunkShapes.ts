@@ -25,7 +25,7 @@
  * every hole: its fields must come back as the chunk's own, with the
  * content's probe as the content.
  */
-import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, own, QUOTE } from "./ChunkFields"
+import { BACKSLASH, type ChunkFields, closingQuote, fieldsOf, isWhitespace, own, QUOTE } from "./ChunkFields"
 
 const PLUS = 43
 const COMMA = 44
@@ -73,7 +73,6 @@ enum Place {
   Content = 6,
 }
 
-const isWhitespace = (c: number) => c === 32 || c === 9 || c === 10 || c === 13
 const isDigit = (c: number) => c >= ZERO && c <= NINE
 const isHex = (c: number) => isDigit(c) || (c >= 97 && c <= 102) || (c >= 65 && c <= 70)
 /** What JSON allows after a backslash besides `u`: `"` `\` `/` `b` `f` `n` `r` `t`. */
