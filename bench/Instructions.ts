@@ -6,9 +6,12 @@
  * number of requests, then off, and the counts are dumped. Reported: the main
  * thread (JavaScript, HTTP, the event loop: what a request costs), and all
  * threads (V8's concurrent GC and compiler threads too, which vary more).
- * Repeated runs of one build agree within ~3 % on the main thread. Only user
- * space is counted, not the kernel's socket work (most of what a bare proxy
- * costs): the measure compares builds of swarmgate, not swarmgate to a proxy.
+ * Repeated runs of one build spread up to ~5 % on the main thread (how many
+ * requests a turn of the event loop serves, and when V8's compiler threads
+ * finish, move with timing), so a change of a few per cent needs several
+ * runs of each build. Only user space is counted, not the kernel's socket
+ * work (most of what a bare proxy costs): the measure compares builds of
+ * swarmgate, not swarmgate to a proxy.
  *
  * Under callgrind a process runs ~50× slower, so each case takes a minute or
  * two; the section is not part of the default run (`--only instructions`).

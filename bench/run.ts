@@ -1446,7 +1446,7 @@ const report = (r: Results): string => {
   if (r.instructions.length > 0)
     parts.push(
       "### Instructions per request (callgrind: not moved by other tenants)\n",
-      "Counted by valgrind's callgrind in the process under test, switched on after a warm-up for a fixed number of requests (8 at a time) against the instant node (`bench/Instructions.ts`). The main thread is the request's own work; all threads adds V8's concurrent GC and compilers. Repeated runs of one build agree within ~3 % on the main thread. User space only: the kernel's socket work, most of what a bare proxy costs, is not counted, so these compare builds of swarmgate rather than swarmgate to the proxy.\n",
+      "Counted by valgrind's callgrind in the process under test, switched on after a warm-up for a fixed number of requests (8 at a time) against the instant node (`bench/Instructions.ts`). The main thread is the request's own work; all threads adds V8's concurrent GC and compilers. Repeated runs of one build spread up to ~5 % on the main thread (how many requests a turn of the event loop serves, and when V8's compiler threads finish, move with timing): a change of a few per cent needs several runs of each build. User space only: the kernel's socket work, most of what a bare proxy costs, is not counted, so these compare builds of swarmgate rather than swarmgate to the proxy.\n",
       instructionsTable(r.instructions),
     )
   if (r.ablation.length > 0) {
