@@ -130,6 +130,13 @@ const WRITER_NICE = 10
 /** After the thread was lost, how long transactions fail at once instead of starting another. */
 export const RESTART_MILLIS = 30_000
 
+/** Whole rows of a positive width, and picks that stay inside a row. */
+const wellFormed = ({ width, values, pick }: Statement): boolean =>
+  Number.isInteger(width) &&
+  width > 0 &&
+  values.length % width === 0 &&
+  (pick === undefined || pick.every((i) => Number.isInteger(i) && i >= 0 && i < width))
+
 const failure = (cause: unknown) => new SqlError({ cause, message: "Failed to execute statement" })
 
 const unavailable = (reason: string) =>
@@ -195,6 +202,10 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
 
     const transaction = (statements: ReadonlyArray<Statement>): Effect.Effect<void, SqlError> =>
       Effect.async<void, SqlError>((resume) => {
+        const malformed = statements.find((statement) => !wellFormed(statement))
+        // The thread would loop on a width of 0, or drop a partial row: refused here, nothing written.
+        if (malformed !== undefined)
+          return resume(Effect.fail(failure(new Error(`malformed statement: ${malformed.sql}`))))
         if (closed) return resume(Effect.fail(unavailable("closed")))
         if (unlogged !== undefined) {
           const reason = unlogged

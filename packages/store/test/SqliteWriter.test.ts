@@ -59,6 +59,25 @@ describe("SqliteWriter", () => {
       }),
     )
 
+    it.effect(
+      "refuses a statement whose values are not whole rows, or whose picks leave the row: nothing written",
+      () =>
+        Effect.gen(function* () {
+          yield* setUp
+          const w = yield* writer
+          const sql = "INSERT INTO notes (id, n) VALUES (?, ?)"
+          for (const bad of [
+            { sql, width: 0, values: [] },
+            { sql, width: 2, values: ["bad1", 1, "bad2"] },
+            { sql, width: 2, values: ["bad3", 1], pick: [0, 2] },
+          ]) {
+            const exit = yield* Effect.exit(w.transaction([insert("bad0", 0), bad]))
+            expect(Exit.isFailure(exit)).toBe(true)
+          }
+          expect((yield* notes).filter((row) => row.startsWith("bad"))).toEqual([])
+        }),
+    )
+
     it.effect("a failing statement rolls the whole transaction back", () =>
       Effect.gen(function* () {
         yield* setUp
