@@ -59,8 +59,63 @@ describe("SqliteWriter", () => {
       }),
     )
 
+    it.effect("manyRows: every row written once with its own values, whatever the count's remainder", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        const R = SqliteWriter.ROWS_PER_INSERT
+        for (const count of [0, 1, R - 1, R, R + 1, 2 * R, 2 * R + 7]) {
+          const values: Array<SqliteWriter.SqlValue> = []
+          for (let i = 0; i < count; i++) values.push(`zm${count}_${i}`, i, `zp${count}_${i}`)
+          yield* w.transaction([
+            {
+              sql: "INSERT INTO notes (id, n) VALUES (?, ?)",
+              width: 3,
+              values,
+              pick: [0, 1],
+              manyRows: true,
+            },
+            {
+              sql: "INSERT INTO notes (id, n) VALUES (? || 'x', ? * 2)",
+              width: 3,
+              values,
+              pick: [2, 1],
+              manyRows: true,
+            },
+          ])
+          const rows = (yield* notes).filter(
+            (row) => row.startsWith(`zm${count}_`) || row.startsWith(`zp${count}_`),
+          )
+          const expected: Array<string> = []
+          for (let i = 0; i < count; i++) expected.push(`zm${count}_${i}=${i}`, `zp${count}_${i}x=${i * 2}`)
+          expect([...rows].sort()).toEqual(expected.sort())
+        }
+      }),
+    )
+
+    it.effect("manyRows: a duplicate in a later run rolls back the rows of the runs before it", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        yield* w.transaction([insert("dup", 1)])
+        const values: Array<SqliteWriter.SqlValue> = []
+        for (let i = 0; i < 2 * SqliteWriter.ROWS_PER_INSERT + 3; i++) values.push(`zr${i}`, i)
+        // The duplicate sits in the rows left over after the full runs.
+        values.push("dup", 2)
+        const exit = yield* Effect.exit(
+          w.transaction([
+            { sql: "INSERT INTO notes (id, n) VALUES (?, ?)", width: 2, values, manyRows: true },
+          ]),
+        )
+        expect(Exit.isFailure(exit)).toBe(true)
+        expect((yield* notes).filter((row) => row.startsWith("zr") || row.startsWith("dup"))).toEqual([
+          "dup=1",
+        ])
+      }),
+    )
+
     it.effect(
-      "refuses a statement whose values are not whole rows, or whose picks leave the row: nothing written",
+      "refuses a statement whose values are not whole rows, whose picks leave the row, or manyRows not on an INSERT … VALUES: nothing written",
       () =>
         Effect.gen(function* () {
           yield* setUp
@@ -70,6 +125,7 @@ describe("SqliteWriter", () => {
             { sql, width: 0, values: [] },
             { sql, width: 2, values: ["bad1", 1, "bad2"] },
             { sql, width: 2, values: ["bad3", 1], pick: [0, 2] },
+            { sql: "UPDATE notes SET n = ? WHERE id = ?", width: 2, values: [1, "bad4"], manyRows: true },
           ]) {
             const exit = yield* Effect.exit(w.transaction([insert("bad0", 0), bad]))
             expect(Exit.isFailure(exit)).toBe(true)
