@@ -122,22 +122,21 @@ class FiberSources implements Sources {
   }
 }
 
-export const sources: Effect.Effect<Sources, never, Scope.Scope> = Effect.withFiberRuntime(
-  (fiber, status) => {
+/** The fiber's sources, the request's scope given (the gateway keeps it out of the fiber's context). */
+export const sourcesIn = (scope: Scope.Scope): Effect.Effect<Sources> =>
+  Effect.withFiberRuntime((fiber, status) => {
     const services = fiber.currentDefaultServices
-    const context = fiber.currentContext as Context.Context<never>
     return Effect.succeed(
       new FiberSources(
-        Context.unsafeGet(context, Scope.Scope),
+        scope,
         Context.get(services, Clock.Clock),
         Context.get(services, Random.Random),
         fiber,
-        context,
+        fiber.currentContext as Context.Context<never>,
         status.runtimeFlags,
       ),
     )
-  },
-)
+  })
 
 // --- the alarm --------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@
  * Every slot on a node is held in the caller's scope and released exactly once.
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Layer, Schedule, type Scope } from "effect"
+import { Clock, Context, Effect, Layer, Schedule, Scope } from "effect"
 import { defaultHealthOptions, type HealthOptions } from "./NodeHealth"
 import { httpNode, NodePool, type NodeStatus, type RegisterResult } from "./NodePool"
 import type { NodeSpec } from "./NodesFile"
@@ -69,6 +69,16 @@ export interface DispatcherShape {
     preset: Preset,
     request: Omit<NodeRequest, "model">,
   ) => Effect.Effect<NodeRun, CapacityExhausted | UpstreamError, Scope.Scope>
+  /**
+   * `run` in the scope given rather than the fiber's: a caller that keeps
+   * its scope out of the fiber's context spares every request a copy of it
+   * (the gateway: ~2.5 KB and ~1 µs a request).
+   */
+  readonly runIn: (
+    scope: Scope.Scope,
+    preset: Preset,
+    request: Omit<NodeRequest, "model">,
+  ) => Effect.Effect<NodeRun, CapacityExhausted | UpstreamError>
   readonly status: Effect.Effect<ReadonlyArray<NodeStatus>>
   /** Adds a node or renews its registration (heartbeat); nodes of the nodes file cannot be replaced. */
   readonly register: (spec: NodeSpec, ttlMillis?: number) => Effect.Effect<RegisterResult>
@@ -110,14 +120,23 @@ export const make = (
     onConsensus: options.onConsensus,
   }
   const presetById = new Map(presets.map((p) => [p.id, p]))
+  const runIn = (
+    scope: Scope.Scope,
+    preset: Preset,
+    request: Omit<NodeRequest, "model">,
+  ): Effect.Effect<NodeRun, CapacityExhausted | UpstreamError> =>
+    preset.strategy === "consensus"
+      ? // Rare and slow by nature: the scope goes into its context.
+        Effect.provideService(consensus(ctx, preset, request), Scope.Scope, scope)
+      : single(ctx, preset, request, scope)
   return {
     presets,
     preset: (id) => presetById.get(id),
     nodesFor: (presetId) => pool.serving(presetId).map((e) => e.node),
     visionFor: (presetId) => pool.vision(presetId),
     inFlight: (nodeId) => pool.entries.get(nodeId)?.inFlight ?? 0,
-    run: (preset, request) =>
-      preset.strategy === "consensus" ? consensus(ctx, preset, request) : single(ctx, preset, request),
+    run: (preset, request) => Effect.flatMap(Effect.scope, (scope) => runIn(scope, preset, request)),
+    runIn,
     status: Effect.map(Clock.currentTimeMillis, (now) =>
       [...pool.entries.values()].map((e) => pool.statusOf(e, now)),
     ),

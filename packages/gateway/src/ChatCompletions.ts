@@ -26,7 +26,7 @@ import {
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, Scope } from "effect"
+import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, type Scope } from "effect"
 import { constVoid } from "effect/Function"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import { flat, flatHeader } from "./internal/Flat"
@@ -317,7 +317,7 @@ function* answerBody(
   offs: AnswerOffs,
   scope: Scope.Scope,
 ) {
-  const run = yield* dispatcher.run(request.preset, {
+  const run = yield* dispatcher.runIn(scope, request.preset, {
     requestId,
     messages: request.messages,
     maxTokens: request.maxTokens,
@@ -451,7 +451,22 @@ export const respond = (
   outcome: Outcome,
   hooks: RespondHooks = {},
 ): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig | Scope.Scope> =>
-  Effect.withFiberRuntime<void, RunError, Dispatcher.Dispatcher | GatewayConfig | Scope.Scope>((fiber) => {
+  Effect.flatMap(Effect.scope, (scope) => respondIn(scope, res, requestId, request, outcome, hooks))
+
+/**
+ * `respond` in the scope given rather than the fiber's (the gateway keeps
+ * each request's scope out of its fiber's context: a copy of the context
+ * per request, ~2.5 KB, spared).
+ */
+export const respondIn = (
+  scope: Scope.Scope,
+  res: ServerResponse,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+  hooks: RespondHooks = {},
+): Effect.Effect<void, RunError, Dispatcher.Dispatcher | GatewayConfig> =>
+  Effect.withFiberRuntime<void, RunError, Dispatcher.Dispatcher | GatewayConfig>((fiber) => {
     const context = fiber.currentContext
     const dispatcher = Context.unsafeGet(context, Dispatcher.Dispatcher)
     const config = Context.unsafeGet(context, GatewayConfig)
@@ -518,7 +533,6 @@ export const respond = (
       res.end(rendered.body)
     }
 
-    const scope = Context.unsafeGet(context, Scope.Scope)
     // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
     Finalizers.addNow(scope, () => {
       cancelDeadline()

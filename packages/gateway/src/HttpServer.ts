@@ -97,8 +97,8 @@ interface RequestServices {
 /**
  * A request as the edge received it, made once by the listener and passed
  * down: its `node:http` pair, id and arrival, the services it reads, and its
- * scope (made by the listener, placed in the fiber's context, closed when
- * the fiber ends).
+ * scope (made by the listener, passed down as this value — not in the
+ * fiber's context — and closed when the fiber ends).
  */
 interface EdgeRequest {
   readonly req: IncomingMessage
@@ -162,7 +162,7 @@ function* serveBody(edge: EdgeRequest, principal: Principal, request: Normalized
   const { permit, hold } = yield* admitAndHold(edge, principal, request, outcome, gauges)
   // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
   const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
-  yield* ChatCompletions.respond(res, requestId, served, outcome, {
+  yield* ChatCompletions.respondIn(edge.scope, res, requestId, served, outcome, {
     ...Operations.respondHooks(res, permit),
     onRevocation: revocation(edge, principal),
   })
@@ -195,7 +195,7 @@ const admitAndHold = (
   Effect.withFiberRuntime<
     { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
     Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal,
-    Quota.Quota | BillingService.Billing | Limits.LimitsConfig | Scope.Scope
+    Quota.Quota | BillingService.Billing | Limits.LimitsConfig
   >((fiber) => {
     const { res, requestId, services, scope } = edge
     const context = fiber.currentContext
@@ -230,10 +230,15 @@ const admitAndHold = (
         Effect.sync(gauges.refused),
       )
       const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
-      return Effect.flatMap(admitting, (permit) => {
-        gauges.admitted()
-        return Effect.map(holding, (hold) => ({ permit, hold }))
-      })
+      // A queue wait or a remote store: the only path here that reads the scope from the context.
+      return Effect.provideService(
+        Effect.flatMap(admitting, (permit) => {
+          gauges.admitted()
+          return Effect.map(holding, (hold) => ({ permit, hold }))
+        }),
+        Scope.Scope,
+        scope,
+      )
     }
     // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
     // The hold is placed before a queue wait for a slot, so it lives that much longer.
@@ -335,7 +340,7 @@ const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetV
 
 type Route =
   | SideRoutes.Route
-  | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices | Scope.Scope> }
+  | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices> }
 
 const route = (edge: EdgeRequest, side: SideRoutes.SideRoutesShape | undefined): Route => {
   const { req, res, requestId } = edge
@@ -410,6 +415,12 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
   const fiberRefs = Runtime.runSync(runtime)(
     Effect.withUnhandledErrorLogLevel(Effect.getFiberRefs, Option.none()),
   )
+  // One runtime for every request. Its scope is not in its context (a copy of the context per
+  // request, ~2.5 KB): it is passed down as `edge.scope`, and a read of `Scope` from the context
+  // fails loudly instead of finding the server's own.
+  const runRequest = Runtime.runFork(
+    Runtime.make({ context: Context.omit(Scope.Scope)(context) as typeof context, fiberRefs, runtimeFlags }),
+  )
   const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
   const services: RequestServices = {
     apiKeys: Context.get(context, ApiKeys.ApiKeys),
@@ -447,7 +458,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       const q = url.indexOf("?")
       if (Operations.intercept(ops, req, res, requestId, startedAt, q < 0 ? url : url.slice(0, q))) return
     }
-    // The request's scope, made here and placed in the fiber's context: no Effect step to open it, and
+    // The request's scope, made here and passed down in `edge`: no Effect step to open it, and
     // a common request's cleanups are plain calls run by `Finalizers.closeNow` (no step to close it either).
     const scope = Finalizers.makeScopeNow()
     const edge: EdgeRequest = { req, res, requestId, startedAt, services, scope }
@@ -462,9 +473,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       closeAfterUnreadBody(req, res)
       return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
     }
-    const fiber = Runtime.runFork(
-      Runtime.make({ context: Context.add(context, Scope.Scope, scope), fiberRefs, runtimeFlags }),
-    )(Effect.onExit(decided.effect, (exit) => finish(edge, exit)))
+    const fiber = runRequest(Effect.onExit(decided.effect, (exit) => finish(edge, exit)))
     if (ops !== undefined) Operations.track(ops, fiber, res)
     res.on("close", () => {
       if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)

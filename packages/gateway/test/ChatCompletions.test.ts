@@ -79,7 +79,7 @@ const answer = async (maxOps: number) => {
     }).pipe(
       Effect.withMaxOpsBeforeYield(maxOps),
       Effect.scoped,
-      Effect.provideService(Dispatcher.Dispatcher, { run: () => Effect.succeed(laterNode) } as never),
+      Effect.provideService(Dispatcher.Dispatcher, { runIn: () => Effect.succeed(laterNode) } as never),
       Effect.provide(GatewayConfig.layer({})),
     ),
   )

@@ -20,7 +20,7 @@ import {
   ended,
   launchNow,
   modelRequest,
-  sources,
+  sourcesIn,
   timedOut,
   winner,
 } from "../Attempt"
@@ -53,10 +53,15 @@ function* started(start: Attempt | Effect.Effect<Attempt | undefined> | undefine
 
 // Declared once, not made per call: a generator closure per request keeps all it captures out of
 // young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and fixed").
-function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeRequest, "model">) {
+function* singleBody(
+  ctx: StrategyContext,
+  preset: Preset,
+  request: Omit<NodeRequest, "model">,
+  scope: Scope.Scope,
+) {
   const { pool } = ctx
   const { firstTokenTimeoutMillis, idleTimeoutMillis } = ctx.attempt
-  const fiber = yield* sources
+  const fiber = yield* sourcesIn(scope)
   const { scope: parent, now: clockNow } = fiber
   const alarm = alarmOn(fiber)
   // Images go only to nodes that can see them.
@@ -251,9 +256,11 @@ function* singleBody(ctx: StrategyContext, preset: Preset, request: Omit<NodeReq
   }
 }
 
+/** The strategy in `scope`: what the request acquires (slots, node streams, its alarm) is released there. */
 export const single = (
   ctx: StrategyContext,
   preset: Preset,
   request: Omit<NodeRequest, "model">,
-): Effect.Effect<NodeRun, CapacityExhausted | UpstreamError, Scope.Scope> =>
-  Effect.gen(() => singleBody(ctx, preset, request))
+  scope: Scope.Scope,
+): Effect.Effect<NodeRun, CapacityExhausted | UpstreamError> =>
+  Effect.gen(() => singleBody(ctx, preset, request, scope))
