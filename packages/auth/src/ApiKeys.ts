@@ -5,7 +5,7 @@
 import { AccountRestricted, AccountSuspended, InvalidApiKey, LinkedSet } from "@swarmgate/protocol"
 import { Context, Effect, Either, Layer, Option } from "effect"
 import { keyState, type Principal } from "./Domain"
-import { hashKey, isWellFormed, parseBearer } from "./KeyFormat"
+import { hashKey, hasKeyShape, isWellFormed, parseBearer } from "./KeyFormat"
 import { Repository, RepositoryUnavailable } from "./Repository"
 
 export interface ApiKeysOptions {
@@ -195,13 +195,16 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       authenticate: (authorization, running = false) => {
         const key = parseBearer(authorization)
         if (key === undefined) return Effect.fail(missing)
-        if (!isWellFormed(key)) return Effect.fail(malformed)
+        // The shape before hashing; the checksum only where the cache does not know the key: the
+        // cache holds only keys that passed it (a miss is looked up only then), ~0.5 µs a request.
+        if (!hasKeyShape(key)) return Effect.fail(malformed)
         return Effect.clockWith((clock) => {
           const now = clock.unsafeCurrentTimeMillis()
           const hash = hashKey(key)
           // A cache hit is decided here, in the step that reads the clock.
           const hit = cache.get(hash)
           if (hit !== undefined && hit.expiresAt > now) return check(hit.principal, now, running)
+          if (!isWellFormed(key)) return Effect.fail(malformed)
           return Effect.flatMap(lookup(hash, now), (principal) => check(principal, now, running))
         })
       },

@@ -70,13 +70,16 @@ export const generateKey = (): GeneratedKey => {
   return { key, hash: hashKey(key), prefix: key.slice(0, DISPLAY_PREFIX_LENGTH) }
 }
 
+/** Prefix and length only: what may be hashed and looked up in the key cache. */
+export const hasKeyShape = (key: string): boolean => key.length === KEY_LENGTH && key.startsWith(KEY_PREFIX)
+
 /**
  * Prefix, length, alphabet and checksum. Runs before any lookup on every
  * request, so it decodes the checksum into a number instead of building
  * strings; CRC32 catches every single-character change of the body.
  */
 export const isWellFormed = (key: string): boolean => {
-  if (key.length !== KEY_LENGTH || !key.startsWith(KEY_PREFIX)) return false
+  if (!hasKeyShape(key)) return false
   for (let i = BODY_START; i < CHECKSUM_START; i++) {
     if (digitValue(key.charCodeAt(i)) < 0) return false
   }

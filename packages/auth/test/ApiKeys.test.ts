@@ -85,6 +85,30 @@ describe("ApiKeys", () => {
     )
   })
 
+  it.effect(
+    "with the key cached, a one-character change is still refused as malformed, not looked up",
+    () => {
+      const { lookups, run } = setup()
+      return run(
+        Effect.gen(function* () {
+          const { bearer } = yield* fixture()
+          yield* expectAccepted(bearer)
+          const secret = bearer.slice("Bearer ".length)
+          for (const at of [secret.length - 1, "sk-swarm-".length, Math.floor(secret.length / 2)]) {
+            const char = secret[at] === "0" ? "1" : "0"
+            yield* expectRefused(
+              `Bearer ${secret.slice(0, at)}${char}${secret.slice(at + 1)}`,
+              "InvalidApiKey",
+              /malformed/,
+            )
+          }
+          yield* expectAccepted(bearer)
+          expect(lookups.count).toBe(1)
+        }),
+      )
+    },
+  )
+
   it.effect("refuses a well-formed unknown key and caches the miss for the TTL", () => {
     const { lookups, run } = setup()
     return run(
