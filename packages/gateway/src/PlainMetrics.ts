@@ -51,6 +51,7 @@ const register = (registry: Registry, metric: object) => registry.registerMetric
 abstract class Family<C> {
   readonly aggregator = "sum" as const
   protected cells = new Map<string, C>()
+  private readonly resetListeners: Array<() => void> = []
   constructor(
     readonly name: string,
     readonly help: string,
@@ -78,6 +79,12 @@ abstract class Family<C> {
   /** prom-client's `Registry.resetMetrics`. */
   reset(): void {
     this.cells = new Map()
+    for (const listener of this.resetListeners) listener()
+  }
+
+  /** Called after each reset: a caller that keeps children must let go of them then. */
+  onReset(listener: () => void): void {
+    this.resetListeners.push(listener)
   }
 }
 

@@ -92,6 +92,62 @@ describe("plain metric families", () => {
     expect(await plain.metrics()).toBe(await reference.metrics())
   })
 
+  it("the gateway's counts are the observations' sums, through any mix and a reset anywhere", async () => {
+    const observationArb = fc.record({
+      route: fc.constantFrom("/v1/chat/completions", "/v1/models"),
+      model: fc.constantFrom("", "swarm-prime", "swarm-swift"),
+      status: fc.constantFrom(200, 400, 429, 504),
+      code: fc.constantFrom("", "rate_limit_exceeded", "upstream_timeout"),
+      durationSeconds: fc.double({ min: 0, max: 1, noNaN: true }),
+      ttftSeconds: fc.option(fc.double({ min: 0, max: 1, noNaN: true }), { nil: undefined }),
+      promptTokens: fc.option(fc.nat(1000), { nil: undefined }),
+      completionTokens: fc.option(fc.nat(1000), { nil: undefined }),
+      costMicros: fc.option(fc.nat(10_000), { nil: undefined }),
+    })
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(observationArb, { maxLength: 40 }),
+        fc.nat(40),
+        async (observations, resetAt) => {
+          const metrics = Metrics.make({ processMetrics: false })
+          const counted = new Map<string, number>()
+          const add = (line: string, by: number) => counted.set(line, (counted.get(line) ?? 0) + by)
+          observations.forEach((o, i) => {
+            if (i === resetAt) {
+              metrics.registry.resetMetrics()
+              counted.clear()
+            }
+            metrics.observe(o)
+            add(
+              `swarmgate_requests_total{route="${o.route}",model="${o.model}",status="${o.status}",code="${o.code}"}`,
+              1,
+            )
+            add(`swarmgate_request_duration_seconds_count{route="${o.route}",model="${o.model}"}`, 1)
+            if (o.model === "") return
+            if (o.ttftSeconds !== undefined)
+              add(`swarmgate_time_to_first_token_seconds_count{model="${o.model}"}`, 1)
+            if (o.costMicros !== undefined) {
+              add(`swarmgate_tokens_total{model="${o.model}",kind="prompt"}`, o.promptTokens ?? 0)
+              add(`swarmgate_tokens_total{model="${o.model}",kind="completion"}`, o.completionTokens ?? 0)
+              add(`swarmgate_charged_micros_total{model="${o.model}"}`, o.costMicros)
+            }
+          })
+          const text = await metrics.registry.metrics()
+          const scraped = new Map<string, number>()
+          for (const line of text.split("\n")) {
+            const m =
+              /^(swarmgate_(?:requests_total|request_duration_seconds_count|time_to_first_token_seconds_count|tokens_total|charged_micros_total)\{[^}]*\}) (\S+)$/.exec(
+                line,
+              )
+            if (m !== null) scraped.set(m[1]!, Number(m[2]))
+          }
+          expect(scraped).toEqual(counted)
+        },
+      ),
+      { numRuns: 300 },
+    )
+  })
+
   it("a request's observation reaches the gateway's scrape", async () => {
     const metrics = Metrics.make({ processMetrics: false })
     const observation: Metrics.Observation = {
