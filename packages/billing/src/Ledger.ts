@@ -5,7 +5,8 @@
  * `chg_<request id>` and its share of one balance update, all in the same
  * transaction; the request id is the primary key of both rows, so a charge
  * can never be written twice. A batch is written by one of three paths: a
- * SQLite file's writer thread (row by row), an in-memory SQLite database's
+ * SQLite file's writer thread (32 rows per run of a prepared INSERT, the rest
+ * row by row), an in-memory SQLite database's
  * own connection (one JSON parameter), PostgreSQL (one statement of data-modifying CTEs over one JSON parameter).
  */
 import { SqlClient, type SqlError } from "@effect/sql"
@@ -136,16 +137,18 @@ export const writeBatch = (
     for (const e of entries) pushUsage(values, e)
     const debits: Array<SqliteWriter.SqlValue> = []
     for (const [id, total] of totalsByAccount(entries)) debits.push(total, id)
-    return writer
-      .transaction([
-        { sql: INSERT_USAGE, width: USAGE_WIDTH, values, manyRows: true },
-        { sql: INSERT_CHARGE, width: USAGE_WIDTH, values, pick: CHARGE_PICK, manyRows: true },
-        { sql: DEBIT_BALANCE, width: 2, values: debits },
-      ])
-      .pipe(
-        // The thread never ran it: one transaction here, not the caller's row-by-row fallback.
-        Effect.catchIf(SqliteWriter.isUnavailable, () => writeBatchOnConnection(entries)),
-      )
+    return Effect.asVoid(
+      writer
+        .transaction([
+          { sql: INSERT_USAGE, width: USAGE_WIDTH, values, manyRows: true },
+          { sql: INSERT_CHARGE, width: USAGE_WIDTH, values, pick: CHARGE_PICK, manyRows: true },
+          { sql: DEBIT_BALANCE, width: 2, values: debits },
+        ])
+        .pipe(
+          // The thread never ran it: one transaction here, not the caller's row-by-row fallback.
+          Effect.catchIf(SqliteWriter.isUnavailable, () => writeBatchOnConnection(entries)),
+        ),
+    )
   })
 
 const INSERT_USAGE = `INSERT INTO usage_records (${USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`

@@ -1,6 +1,6 @@
 /**
  * The ledger's group commit on its own: one batch across several accounts
- * (a SQLite file's writer thread row by row; SQLite's own connection one JSON
+ * (a SQLite file's writer thread, 32 rows per run and the rest row by row; SQLite's own connection one JSON
  * parameter read back by `json_each`, also when the thread cannot start;
  * PostgreSQL multi-row INSERTs), and a batch that cannot be written leaves nothing.
  */

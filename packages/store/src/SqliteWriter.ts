@@ -46,7 +46,8 @@ export type SqlValue = string | number | bigint | null
 
 /**
  * A statement, run once per `width` values of `values` (prepared once: a row
- * costs a run, not a parse). The values are one flat array, not an array per
+ * costs a run, not a parse; with `manyRows`, up to `ROWS_PER_INSERT` rows a
+ * run). The values are one flat array, not an array per
  * run: a message to the thread copies each object it holds, and a batch's
  * rows were most of the event loop's cost of posting it. Two statements may
  * share one array (it is copied once): `pick` then says which of each run's
@@ -62,7 +63,10 @@ export interface Statement {
    * inserts up to `ROWS_PER_INSERT` rows per run, that row's tuple repeated —
    * one run's fixed cost (the call into SQLite, the statement's step and
    * reset) shared by that many rows: ~35 % less per ledger entry, measured
-   * alone on the ledger's tables.
+   * alone on the ledger's tables. The tuple must be the statement's last
+   * parenthesis, with no parenthesis inside it and one plain `?` per bound
+   * value (nothing after it: no upsert, no RETURNING; no numbered or named
+   * parameters); anything else is refused.
    */
   readonly manyRows?: boolean | undefined
 }
@@ -71,8 +75,8 @@ export interface Statement {
 export const ROWS_PER_INSERT = 32
 
 export interface SqliteWriterShape {
-  /** Runs the statements in one immediate transaction on the writer thread. */
-  readonly transaction: (statements: ReadonlyArray<Statement>) => Effect.Effect<void, SqlError>
+  /** Runs the statements in one immediate transaction on the writer thread; succeeds with the statement runs it took. */
+  readonly transaction: (statements: ReadonlyArray<Statement>) => Effect.Effect<number, SqlError>
 }
 
 /** The writer of the database in context; `undefined` (the default) when there is none. */
@@ -104,17 +108,19 @@ const prepare = (sql) => {
   }
   return statement
 }
-// The same INSERT with its one VALUES tuple repeated: that many rows per run.
+// The same INSERT with its one VALUES tuple repeated: that many rows per run. The tuple is from the
+// statement's last parenthesis on (the main thread refused any other shape).
 const prepareMany = (sql, rows) => {
   const key = rows + "\u0000" + sql
   let statement = prepared.get(key)
   if (statement === undefined) {
-    const at = sql.search(/VALUES\\s*\\([\\s\\S]*\\)\\s*$/i) + "VALUES".length
+    const at = sql.lastIndexOf("(")
     statement = db.prepare(sql.slice(0, at) + new Array(rows).fill(sql.slice(at)).join(","))
     prepared.set(key, statement)
   }
   return statement
 }
+let runs = 0
 const run = db.transaction((statements) => {
   for (const { sql, width, values, pick, manyRows } of statements) {
     const bound = pick === undefined ? width : pick.length
@@ -132,18 +138,24 @@ const run = db.transaction((statements) => {
     if (manyRows === true && rows >= workerData.rowsPerInsert) {
       const many = prepareMany(sql, workerData.rowsPerInsert)
       const params = new Array(bound * workerData.rowsPerInsert)
-      for (; row + workerData.rowsPerInsert <= rows; row += workerData.rowsPerInsert)
+      for (; row + workerData.rowsPerInsert <= rows; row += workerData.rowsPerInsert) {
         many.run(fill(params, row, workerData.rowsPerInsert))
+        runs++
+      }
     }
     const statement = prepare(sql)
     const params = new Array(bound)
-    for (; row < rows; row++) statement.run(fill(params, row, 1))
+    for (; row < rows; row++) {
+      statement.run(fill(params, row, 1))
+      runs++
+    }
   }
 })
 parentPort.on("message", ({ id, statements }) => {
   try {
+    runs = 0
     run.immediate(statements)
-    parentPort.postMessage({ id })
+    parentPort.postMessage({ id, runs })
   } catch (error) {
     parentPort.postMessage({ id, error: { message: String(error && error.message), code: error && error.code } })
   }
@@ -152,6 +164,8 @@ parentPort.on("message", ({ id, statements }) => {
 
 interface Answer {
   readonly id: number
+  /** Statement runs the transaction took. */
+  readonly runs?: number | undefined
   readonly error?: { readonly message: string; readonly code: unknown } | undefined
 }
 
@@ -166,16 +180,34 @@ const WRITER_NICE = 10
 /** After the thread was lost, how long transactions fail at once instead of starting another. */
 export const RESTART_MILLIS = 30_000
 
-/** One row's VALUES tuple at the end of an INSERT: what a `manyRows` statement repeats. */
-const ENDS_IN_VALUES = /^\s*INSERT\b[\s\S]*\bVALUES\s*\([\s\S]*\)\s*$/i
+/** An INSERT ending in one VALUES tuple with no parenthesis inside: what a `manyRows` statement repeats. */
+const ENDS_IN_TUPLE = /^\s*INSERT\b[\s\S]*\bVALUES\s*\(([^()]*)\)\s*$/i
+/** SQLite's parameter forms other than a plain `?`. */
+const OTHER_PARAMETERS = /\?\d|[:@$][A-Za-z_]/
 
-/** Whole rows of a positive width, picks that stay inside a row, and `manyRows` only on an INSERT … VALUES (…). */
+/** SQLite's default most variables in one statement. */
+const MAX_VARIABLES = 32_766
+
+/**
+ * `manyRows` only where the thread can repeat the tuple: the statement's last
+ * parenthesis opens it (as the thread splits it), and it binds exactly one
+ * plain `?` per value bound.
+ */
+const repeatable = (sql: string, bound: number): boolean => {
+  const tuple = ENDS_IN_TUPLE.exec(sql)?.[1]
+  if (tuple === undefined || OTHER_PARAMETERS.test(tuple)) return false
+  let marks = 0
+  for (let i = 0; i < tuple.length; i++) if (tuple.charCodeAt(i) === 63) marks++
+  return marks === bound && bound * ROWS_PER_INSERT <= MAX_VARIABLES
+}
+
+/** Whole rows of a positive width, picks that stay inside a row, and `manyRows` only where `repeatable`. */
 const wellFormed = ({ sql, width, values, pick, manyRows }: Statement): boolean =>
   Number.isInteger(width) &&
   width > 0 &&
   values.length % width === 0 &&
   (pick === undefined || pick.every((i) => Number.isInteger(i) && i >= 0 && i < width)) &&
-  (manyRows !== true || ENDS_IN_VALUES.test(sql))
+  (manyRows !== true || repeatable(sql, pick === undefined ? width : pick.length))
 
 const failure = (cause: unknown) => new SqlError({ cause, message: "Failed to execute statement" })
 
@@ -191,7 +223,7 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
     const driver = createRequire(import.meta.url).resolve("better-sqlite3")
     // The thread starts later, perhaps after a change of directory.
     const path = resolve(filename)
-    const waiting = new Map<number, (result: Effect.Effect<void, SqlError>) => void>()
+    const waiting = new Map<number, (result: Effect.Effect<number, SqlError>) => void>()
     let nextId = 0
     let thread: Worker | undefined
     let closed = false
@@ -224,7 +256,9 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
         waiting.delete(answer.id)
         // Idle, the thread must not keep the process alive.
         if (waiting.size === 0) worker.unref()
-        resume(answer.error === undefined ? Effect.void : Effect.fail(failure(answer.error)))
+        resume(
+          answer.error === undefined ? Effect.succeed(answer.runs ?? 0) : Effect.fail(failure(answer.error)),
+        )
       })
       worker.on("error", (error) => failWaiting(worker, error))
       worker.on("exit", (code) => failWaiting(worker, new Error(`the thread exited (${code})`)))
@@ -240,8 +274,8 @@ export const make = (filename: string): Effect.Effect<SqliteWriterShape, never, 
       }),
     )
 
-    const transaction = (statements: ReadonlyArray<Statement>): Effect.Effect<void, SqlError> =>
-      Effect.async<void, SqlError>((resume) => {
+    const transaction = (statements: ReadonlyArray<Statement>): Effect.Effect<number, SqlError> =>
+      Effect.async<number, SqlError>((resume) => {
         const malformed = statements.find((statement) => !wellFormed(statement))
         // The thread would loop on a width of 0, or drop a partial row: refused here, nothing written.
         if (malformed !== undefined)

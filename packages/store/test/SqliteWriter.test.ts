@@ -67,7 +67,7 @@ describe("SqliteWriter", () => {
         for (const count of [0, 1, R - 1, R, R + 1, 2 * R, 2 * R + 7]) {
           const values: Array<SqliteWriter.SqlValue> = []
           for (let i = 0; i < count; i++) values.push(`zm${count}_${i}`, i, `zp${count}_${i}`)
-          yield* w.transaction([
+          const runs = yield* w.transaction([
             {
               sql: "INSERT INTO notes (id, n) VALUES (?, ?)",
               width: 3,
@@ -89,7 +89,46 @@ describe("SqliteWriter", () => {
           const expected: Array<string> = []
           for (let i = 0; i < count; i++) expected.push(`zm${count}_${i}=${i}`, `zp${count}_${i}x=${i * 2}`)
           expect([...rows].sort()).toEqual(expected.sort())
+          // Full runs of R rows, then the rest one by one: per statement.
+          expect(runs).toBe(2 * (Math.floor(count / R) + (count % R)))
         }
+      }),
+    )
+
+    it.effect("manyRows: a table whose name ends in 'values' is split at its tuple", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`CREATE TABLE IF NOT EXISTS kv_values (k TEXT PRIMARY KEY, v INTEGER NOT NULL)`
+        const w = yield* writer
+        const values: Array<SqliteWriter.SqlValue> = []
+        for (let i = 0; i < SqliteWriter.ROWS_PER_INSERT + 2; i++) values.push(`k${i}`, i)
+        const runs = yield* w.transaction([
+          { sql: "INSERT INTO kv_values (k, v) VALUES (?, ?)", width: 2, values, manyRows: true },
+        ])
+        expect(runs).toBe(3)
+        const rows = yield* sql<{ n: number }>`SELECT COUNT(*) AS n FROM kv_values`
+        expect(rows[0]?.n).toBe(SqliteWriter.ROWS_PER_INSERT + 2)
+      }),
+    )
+
+    it.effect("manyRows: a duplicate inside a full run fails the transaction, nothing written", () =>
+      Effect.gen(function* () {
+        yield* setUp
+        const w = yield* writer
+        yield* w.transaction([insert("zdup2", 1)])
+        const values: Array<SqliteWriter.SqlValue> = []
+        for (let i = 0; i < 3 * SqliteWriter.ROWS_PER_INSERT; i++)
+          values.push(i === SqliteWriter.ROWS_PER_INSERT + 5 ? "zdup2" : `zs${i}`, i)
+        const exit = yield* Effect.exit(
+          w.transaction([
+            insert("zs_before", 1),
+            { sql: "INSERT INTO notes (id, n) VALUES (?, ?)", width: 2, values, manyRows: true },
+          ]),
+        )
+        expect(Exit.isFailure(exit)).toBe(true)
+        expect((yield* notes).filter((row) => row.startsWith("zs") || row.startsWith("zdup2"))).toEqual([
+          "zdup2=1",
+        ])
       }),
     )
 
@@ -126,6 +165,17 @@ describe("SqliteWriter", () => {
             { sql, width: 2, values: ["bad1", 1, "bad2"] },
             { sql, width: 2, values: ["bad3", 1], pick: [0, 2] },
             { sql: "UPDATE notes SET n = ? WHERE id = ?", width: 2, values: [1, "bad4"], manyRows: true },
+            // Not one plain tuple the thread could repeat: something after it, parameters not plain `?`,
+            // a parenthesis inside, or not one `?` per value bound.
+            ...[
+              "INSERT INTO notes (id, n) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET n = max(n, excluded.n)",
+              "INSERT INTO notes (id, n) VALUES (?, ?) RETURNING id",
+              "INSERT INTO notes (id, n) VALUES (?1, ?2)",
+              "INSERT INTO notes (id, n) VALUES (:id, :n)",
+              "INSERT INTO notes (id, n) VALUES (?, abs(?))",
+              "INSERT INTO notes (id, n) VALUES (?, ? + ?)",
+              "INSERT INTO notes (id, n) VALUES (?, 1)",
+            ].map((text) => ({ sql: text, width: 2, values: ["bad5", 1], manyRows: true })),
           ]) {
             const exit = yield* Effect.exit(w.transaction([insert("bad0", 0), bad]))
             expect(Exit.isFailure(exit)).toBe(true)
