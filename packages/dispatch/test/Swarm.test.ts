@@ -576,3 +576,55 @@ describe("strategy consensus", () => {
     20_000,
   )
 })
+
+/**
+ * `runIn` takes the request's scope as a value: the gateway runs every request
+ * on a runtime whose context has no `Scope`. Run here with none in context
+ * either (`it.effect` provides none), so a read of `Scope` from the context
+ * anywhere on the way — the strategy, an attempt, a node's stream, the hedge
+ * alarm under TestClock, consensus — fails the test instead of passing.
+ */
+describe("runIn: the scope is given, none is read from the fiber's context", () => {
+  const runInOwnScope = (dispatcher: Dispatcher.DispatcherShape, preset: Presets.Preset) =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const run = yield* dispatcher.runIn(scope, preset, request)
+      const events = Chunk.toReadonlyArray(yield* Stream.runCollect(run.events))
+      yield* Scope.close(scope, Exit.void)
+      return { nodeId: run.nodeId, events }
+    })
+
+  it.effect("single, through a hedge: the alarm, both attempts and the loser's cancel", () =>
+    Effect.gen(function* () {
+      const slow = timedNode("slow", () => 5_000, { capacity: 100 })
+      const fast = timedNode("fast", () => 100, { capacity: 1 })
+      const dispatcher = Dispatcher.make(presets, [slow, fast], { hedgeAfterMillis: 300 })
+      const fiber = yield* Effect.fork(runInOwnScope(dispatcher, prime))
+      yield* TestClock.adjust("400 millis")
+      const result = yield* Fiber.join(fiber)
+      expect(result.nodeId).toBe("fast")
+      expect(result.events).toEqual([delta("fast:"), delta("done"), finish])
+      expect(slow.stopped).toBe(1)
+      expect([dispatcher.inFlight("slow"), dispatcher.inFlight("fast")]).toEqual([0, 0])
+    }),
+  )
+
+  it.effect("single on simulated nodes, and consensus", () =>
+    Effect.gen(function* () {
+      const profiles = makeProfiles({ seed: 5, count: 8, dishonest: 0 })
+      const nodes = profiles.map((profile) =>
+        SimTransport.fromSimNode(makeSimNode(profile, { speed: Number.POSITIVE_INFINITY, seed: 5 }), [prime]),
+      )
+      const single = yield* runInOwnScope(Dispatcher.make(presets, nodes), prime)
+      expect(single.events.at(-1)?._tag).toBe("Finish")
+      const voting = profiles.map((profile) =>
+        SimTransport.fromSimNode(makeSimNode(profile, { speed: Number.POSITIVE_INFINITY, seed: 5 }), [
+          consensusPreset,
+        ]),
+      )
+      const consensus = yield* runInOwnScope(Dispatcher.make([consensusPreset], voting), consensusPreset)
+      expect(consensus.nodeId.startsWith("consensus:")).toBe(true)
+      expect(consensus.events.at(-1)?._tag).toBe("Finish")
+    }),
+  )
+})

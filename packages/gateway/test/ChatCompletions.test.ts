@@ -7,7 +7,7 @@ import { EventEmitter } from "node:events"
 import { describe, expect, it } from "@effect/vitest"
 import { Dispatcher } from "@swarmgate/dispatch"
 import { InvalidApiKey } from "@swarmgate/protocol"
-import { Chunk, Effect, Exit, Stream } from "effect"
+import { Chunk, Effect, Exit, Scope, Stream } from "effect"
 import * as ChatCompletions from "../src/ChatCompletions"
 import * as GatewayConfig from "../src/GatewayConfig"
 import type { NormalizedRequest } from "../src/RequestPolicy"
@@ -70,15 +70,19 @@ const answer = async (maxOps: number) => {
   let revoke: ((error: InvalidApiKey) => void) | undefined
   const res = new RecordingResponse(() => revoke?.(new InvalidApiKey({ message: "The key was revoked." })))
   const outcome = ChatCompletions.newOutcome()
+  // As the gateway runs it: the scope given, none in the fiber's context (a read of it would fail).
   await Effect.runPromiseExit(
-    ChatCompletions.respond(res as never, "req_test", request, outcome, {
-      onRevocation: (stop) => {
-        revoke = stop
-        return () => undefined
-      },
-    }).pipe(
-      Effect.withMaxOpsBeforeYield(maxOps),
-      Effect.scoped,
+    Effect.flatMap(Scope.make(), (scope) =>
+      ChatCompletions.respondIn(scope, res as never, "req_test", request, outcome, {
+        onRevocation: (stop) => {
+          revoke = stop
+          return () => undefined
+        },
+      }).pipe(
+        Effect.withMaxOpsBeforeYield(maxOps),
+        Effect.onExit((exit) => Scope.close(scope, exit)),
+      ),
+    ).pipe(
       Effect.provideService(Dispatcher.Dispatcher, { runIn: () => Effect.succeed(laterNode) } as never),
       Effect.provide(GatewayConfig.layer({})),
     ),
