@@ -74,9 +74,10 @@ export const generateKey = (): GeneratedKey => {
 export const hasKeyShape = (key: string): boolean => key.length === KEY_LENGTH && key.startsWith(KEY_PREFIX)
 
 /**
- * Prefix, length, alphabet and checksum. Runs before any lookup on every
- * request, so it decodes the checksum into a number instead of building
- * strings; CRC32 catches every single-character change of the body.
+ * Prefix, length, alphabet and checksum. Runs before any repository lookup
+ * (on a key-cache miss: the cache holds only keys that passed it), so it
+ * decodes the checksum into a number instead of building strings; CRC32
+ * catches every single-character change of the body.
  */
 export const isWellFormed = (key: string): boolean => {
   if (!hasKeyShape(key)) return false
