@@ -207,14 +207,9 @@ const admitAndHold = (
       Operations.noteSettled(res, settlement, entry)
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
     const admission = Limits.admitRequest(principal, model, services.limits)
-    const admitted = Limits.admitNow(res, quota, admission, outcome, scope, clock)
-    if (admitted !== undefined) {
-      if (Either.isLeft(admitted)) {
-        gauges.refused()
-        return Either.left(admitted.left)
-      }
+    /** The hold, once admitted: by plain calls where the book decides at once, else its Effect path. */
+    const holdFor = (permit: Quota.Permit) => {
       gauges.admitted()
-      const permit = admitted.right
       const input = Billing.reserveInput(principal, requestId, request, waitMillis)
       const held = Billing.holdNow(billing, scope, clock, input, outcome, onSettled)
       if (held !== undefined) return Either.map(held, (hold) => ({ permit, hold }))
@@ -223,22 +218,21 @@ const admitAndHold = (
         hold,
       }))
     }
+    const admitted = Limits.admitNow(res, quota, admission, outcome, scope, clock)
+    if (admitted !== undefined) {
+      if (Either.isLeft(admitted)) {
+        gauges.refused()
+        return Either.left(admitted.left)
+      }
+      return holdFor(admitted.right)
+    }
     const admitSent = quota.admitSent
     const reserveSent = billing.reserveSent
     if (admitSent === undefined || reserveSent === undefined) {
-      const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome), () =>
+      const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome, scope), () =>
         Effect.sync(gauges.refused),
       )
-      const holding = Billing.hold(principal, requestId, request, outcome, onSettled, waitMillis)
-      // A queue wait or a remote store: the only path here that reads the scope from the context.
-      return Effect.provideService(
-        Effect.flatMap(admitting, (permit) => {
-          gauges.admitted()
-          return Effect.map(holding, (hold) => ({ permit, hold }))
-        }),
-        Scope.Scope,
-        scope,
-      )
+      return Effect.flatMap(admitting, holdFor)
     }
     // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
     // The hold is placed before a queue wait for a slot, so it lives that much longer.

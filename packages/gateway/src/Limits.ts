@@ -265,7 +265,10 @@ export const admit = (
     const scope = Context.unsafeGet(context, Scope.Scope)
     const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
     const request = admitRequest(principal, model, config)
-    return admitNow(res, quota, request, outcome, scope, clock) ?? admitWaiting(res, quota, request, outcome)
+    return (
+      admitNow(res, quota, request, outcome, scope, clock) ??
+      admitWaiting(res, quota, request, outcome, scope)
+    )
   })
 
 /**
@@ -298,8 +301,10 @@ function* admitWaitingBody(
   quota: Quota.QuotaShape,
   request: Quota.AdmitRequest,
   outcome: Pick<Outcome, "started">,
+  scope: Scope.Scope,
 ) {
-  const admission = yield* quota.admit(request)
+  // The quota service's Effect path reads its scope from the context: given it here, for this call only.
+  const admission = yield* Effect.provideService(quota.admit(request), Scope.Scope, scope)
   if (admission._tag === "Refused") {
     setRateHeaders(res, admission.rates)
     return yield* Effect.fail(admission.error)
@@ -307,7 +312,7 @@ function* admitWaitingBody(
   setRateHeaders(res, admission.permit.rates)
   const { permit } = admission
   yield* Scope.addFinalizer(
-    yield* Effect.scope,
+    scope,
     Effect.gen(() => countedBody(permit, outcome, res)),
   )
   return permit
@@ -315,14 +320,16 @@ function* admitWaitingBody(
 
 /**
  * `admit` where `admitNow` could not decide: through the quota service's
- * Effect path (a queue wait, or a remote store: Redis).
+ * Effect path (a queue wait, or a remote store: Redis), its permit released
+ * when `scope` closes.
  */
 export const admitWaiting = (
   res: ServerResponse,
   quota: Quota.QuotaShape,
   request: Quota.AdmitRequest,
   outcome: Pick<Outcome, "started">,
-) => Effect.gen(() => admitWaitingBody(res, quota, request, outcome))
+  scope: Scope.Scope,
+) => Effect.gen(() => admitWaitingBody(res, quota, request, outcome, scope))
 
 // --- the admin view -----------------------------------------------------------------------
 
