@@ -218,14 +218,25 @@ class Walk {
     return false
   }
 
-  private object(place: Place): boolean {
-    const text = this.text
+  /** Past an opening bracket and any whitespace; true when `close` follows at once (empty), and past it. */
+  private openedEmpty(close: number): boolean {
     this.at++
     this.space()
-    if (text.charCodeAt(this.at) === CLOSE_OBJECT) {
-      this.at++
-      return true
-    }
+    if (this.text.charCodeAt(this.at) !== close) return false
+    this.at++
+    return true
+  }
+
+  /** After a member: past `close` (true), past a comma (false: a member follows), or undefined when neither. */
+  private afterMember(close: number): boolean | undefined {
+    this.space()
+    const next = this.text.charCodeAt(this.at++)
+    return next === close ? true : next === COMMA ? false : undefined
+  }
+
+  private object(place: Place): boolean {
+    const text = this.text
+    if (this.openedEmpty(CLOSE_OBJECT)) return true
     const keys = new Set<string>()
     for (;;) {
       this.space()
@@ -238,27 +249,17 @@ class Walk {
       if (text.charCodeAt(this.at) !== COLON) return false
       this.at++
       if (!this.value(Walk.member(place, key))) return false
-      this.space()
-      const next = text.charCodeAt(this.at++)
-      if (next === CLOSE_OBJECT) return true
-      if (next !== COMMA) return false
+      const closed = this.afterMember(CLOSE_OBJECT)
+      if (closed !== false) return closed === true
     }
   }
 
   private array(place: Place): boolean {
-    const text = this.text
-    this.at++
-    this.space()
-    if (text.charCodeAt(this.at) === CLOSE_ARRAY) {
-      this.at++
-      return true
-    }
+    if (this.openedEmpty(CLOSE_ARRAY)) return true
     for (let index = 0; ; index++) {
       if (!this.value(Walk.member(place, index))) return false
-      this.space()
-      const next = text.charCodeAt(this.at++)
-      if (next === CLOSE_ARRAY) return true
-      if (next !== COMMA) return false
+      const closed = this.afterMember(CLOSE_ARRAY)
+      if (closed !== false) return closed === true
     }
   }
 
