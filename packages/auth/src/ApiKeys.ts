@@ -36,6 +36,15 @@ export interface ApiKeysShape {
     authorization: string | undefined,
     running?: boolean,
   ) => Effect.Effect<Principal, AuthError | RepositoryUnavailable>
+  /**
+   * `authenticate` of a new request by plain calls, where no lookup is
+   * needed (a cached key, or one refused by its form); undefined when the
+   * repository must be asked (then `authenticate`).
+   */
+  readonly authenticateNow: (
+    authorization: string | undefined,
+    now: number,
+  ) => Either.Either<Principal, AuthError> | undefined
   /** Forget a key (by id) or every key of an account, after a change to them. */
   readonly invalidateKey: (keyId: string) => Effect.Effect<void>
   readonly invalidateAccount: (accountId: string) => Effect.Effect<void>
@@ -117,35 +126,48 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
       principal: Principal | undefined,
       now: number,
       running: boolean,
-    ): Effect.Effect<Principal, AuthError> => {
-      if (principal === undefined) return Effect.fail(unknown)
+    ): Either.Either<Principal, AuthError> => {
+      if (principal === undefined) return Either.left(unknown)
       const state = keyState(principal.key, now)
-      if (state !== "active") return Effect.fail(invalidKey(`the key is ${state}`))
+      if (state !== "active") return Either.left(invalidKey(`the key is ${state}`))
       switch (principal.account.status) {
         case "active":
           // A running request outlives an address change; new ones wait for the verification.
           return principal.account.emailVerified || running
-            ? Effect.succeed(principal)
-            : Effect.fail(
+            ? Either.right(principal)
+            : Either.left(
                 new AccountRestricted({
                   message:
                     "This account is restricted: its email address is not verified yet. Follow the link in the verification mail.",
                 }),
               )
         case "suspended":
-          return Effect.fail(new AccountSuspended({ message: "This account is suspended." }))
+          return Either.left(new AccountSuspended({ message: "This account is suspended." }))
         case "restricted":
-          return Effect.fail(
+          return Either.left(
             new AccountRestricted({ message: "This account is restricted by its operator." }),
           )
         case "closing":
           return running
-            ? Effect.succeed(principal)
-            : Effect.fail(new AccountRestricted({ message: "This account is being closed." }))
+            ? Either.right(principal)
+            : Either.left(new AccountRestricted({ message: "This account is being closed." }))
         case "closed":
           // Closing revokes every key; this covers a key read before that.
-          return Effect.fail(invalidKey("the account is closed"))
+          return Either.left(invalidKey("the account is closed"))
       }
+    }
+
+    /** What the cache (or the checksum) decides by itself; undefined when the repository must be asked. */
+    const decide = (
+      key: string,
+      hash: string,
+      now: number,
+      running: boolean,
+    ): Either.Either<Principal, AuthError> | undefined => {
+      const hit = cache.get(hash)
+      if (hit !== undefined && hit.expiresAt > now) return check(hit.principal, now, running)
+      if (!isWellFormed(key)) return Either.left(malformed)
+      return undefined
     }
 
     // Watchers by key id and by account id: the ids themselves, no name made per request to watch.
@@ -194,19 +216,25 @@ export const make = (options: ApiKeysOptions = defaultOptions) =>
     const service: ApiKeysShape = {
       authenticate: (authorization, running = false) => {
         const key = parseBearer(authorization)
-        if (key === undefined) return Effect.fail(missing)
+        if (key === undefined) return Either.left(missing)
         // The shape before hashing; the checksum only where the cache does not know the key: the
         // cache holds only keys that passed it (a miss is looked up only then), ~0.5 µs a request.
-        if (!hasKeyShape(key)) return Effect.fail(malformed)
+        if (!hasKeyShape(key)) return Either.left(malformed)
         return Effect.clockWith((clock) => {
           const now = clock.unsafeCurrentTimeMillis()
           const hash = hashKey(key)
           // A cache hit is decided here, in the step that reads the clock.
-          const hit = cache.get(hash)
-          if (hit !== undefined && hit.expiresAt > now) return check(hit.principal, now, running)
-          if (!isWellFormed(key)) return Effect.fail(malformed)
-          return Effect.flatMap(lookup(hash, now), (principal) => check(principal, now, running))
+          return (
+            decide(key, hash, now, running) ??
+            Effect.flatMap(lookup(hash, now), (p) => check(p, now, running))
+          )
         })
+      },
+      authenticateNow: (authorization, now) => {
+        const key = parseBearer(authorization)
+        if (key === undefined) return Either.left(missing)
+        if (!hasKeyShape(key)) return Either.left(malformed)
+        return decide(key, hashKey(key), now, false)
       },
       invalidateKey: (keyId) => dropWhere((p) => p.key.id === keyId, keyWatchers, keyId),
       invalidateAccount: (accountId) =>

@@ -92,6 +92,7 @@ export const make = (
 
     const service: ApiKeysShape = {
       authenticate: inner.authenticate,
+      authenticateNow: inner.authenticateNow,
       watch: inner.watch,
       invalidateKey: (keyId) => Effect.zipRight(inner.invalidateKey(keyId), publish(`k:${keyId}`)),
       invalidateAccount: (accountId) =>

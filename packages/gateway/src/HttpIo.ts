@@ -13,7 +13,7 @@ import {
   RequestTooLarge,
   renderError,
 } from "@swarmgate/protocol"
-import { Effect, Exit, type Scope } from "effect"
+import { Exit, type Scope } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
 export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
@@ -74,69 +74,88 @@ export const isJsonContentType = (value: string | undefined) => {
   return (semi < 0 ? value : value.slice(0, semi)).trim().toLowerCase() === "application/json"
 }
 
-/** Reads the whole body within the size limit and the arrival deadline, and hands it to `done` in the same wait. */
+/** What a body read ends with: the body as `parse` made it, or the refusal of its size or lateness. */
+export type BodyExit<A, E> = Exit.Exit<A, E | RequestTooLarge | RequestTimeout>
+
+/**
+ * Reads the whole body within the size limit and the arrival deadline, by
+ * callback: `done` gets `parse`'s result once, maybe before this returns.
+ * Returns the cleanup (listeners, deadline, chunks), safe to call again;
+ * undefined when decided at once.
+ */
+export const listenBody = <A, E>(
+  req: IncomingMessage,
+  config: GatewayConfigShape,
+  startedAt: number,
+  parse: (body: Buffer) => Exit.Exit<A, E>,
+  done: (exit: BodyExit<A, E>) => void,
+): (() => void) | undefined => {
+  const tooLarge = () =>
+    new RequestTooLarge({
+      message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
+      param: null,
+    })
+  const declared = req.headers["content-length"]
+  if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
+    done(Exit.fail(tooLarge()))
+    return undefined
+  }
+  const chunks: Array<Buffer> = []
+  let size = 0
+  // Kept by the request's scope until it closes: it lets go of the body's chunks.
+  const cleanup = () => {
+    cancelTimer()
+    req.off("data", onData)
+    req.off("end", onEnd)
+    chunks.length = 0
+  }
+  const onData = (chunk: Buffer) => {
+    size += chunk.length
+    if (size > config.maxBodyBytes) {
+      cleanup()
+      req.pause()
+      done(Exit.fail(tooLarge()))
+      return
+    }
+    chunks.push(chunk)
+  }
+  const onEnd = () => {
+    const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
+    cleanup()
+    done(parse(body))
+  }
+  // One shared list for every body's deadline, counted from the request's arrival.
+  const cancelTimer = Timers.deadline(
+    config.bodyTimeoutMillis,
+    () => {
+      cleanup()
+      req.pause()
+      done(
+        Exit.fail(
+          new RequestTimeout({
+            message: `The request body did not arrive within ${Math.round(config.bodyTimeoutMillis / 1000)} seconds.`,
+          }),
+        ),
+      )
+    },
+    startedAt,
+  )
+  req.on("data", onData)
+  req.on("end", onEnd)
+  return cleanup
+}
+
+/** `listenBody` as one wait; with a scope, its cleanup is that scope's. */
 const readWith = <A, E>(
   req: IncomingMessage,
   config: GatewayConfigShape,
   startedAt: number,
   scope: Scope.Scope | undefined,
-  done: (body: Buffer) => Effect.Effect<A, E>,
+  parse: (body: Buffer) => Exit.Exit<A, E>,
 ) =>
-  Finalizers.asyncIn<A, E | RequestTooLarge | RequestTimeout>(scope, (resume) => {
-    const tooLarge = () =>
-      new RequestTooLarge({
-        message: `The request body exceeds the limit of ${config.maxBodyBytes} bytes.`,
-        param: null,
-      })
-    const declared = req.headers["content-length"]
-    if (declared !== undefined && Number(declared) > config.maxBodyBytes) {
-      resume(Effect.fail(tooLarge()))
-      return undefined
-    }
-    const chunks: Array<Buffer> = []
-    let size = 0
-    // Kept by the request's scope until it closes: it lets go of the body's chunks.
-    const cleanup = () => {
-      cancelTimer()
-      req.off("data", onData)
-      req.off("end", onEnd)
-      chunks.length = 0
-    }
-    const onData = (chunk: Buffer) => {
-      size += chunk.length
-      if (size > config.maxBodyBytes) {
-        cleanup()
-        req.pause()
-        resume(Effect.fail(tooLarge()))
-        return
-      }
-      chunks.push(chunk)
-    }
-    const onEnd = () => {
-      const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
-      cleanup()
-      resume(done(body))
-    }
-    // One shared list for every body's deadline, counted from the request's arrival.
-    const cancelTimer = Timers.deadline(
-      config.bodyTimeoutMillis,
-      () => {
-        cleanup()
-        req.pause()
-        resume(
-          Effect.fail(
-            new RequestTimeout({
-              message: `The request body did not arrive within ${Math.round(config.bodyTimeoutMillis / 1000)} seconds.`,
-            }),
-          ),
-        )
-      },
-      startedAt,
-    )
-    req.on("data", onData)
-    req.on("end", onEnd)
-    return cleanup
-  })
+  Finalizers.asyncIn<A, E | RequestTooLarge | RequestTimeout>(scope, (resume) =>
+    listenBody(req, config, startedAt, parse, resume),
+  )
 
 /** The body as JSON; an `Exit`, which is an Effect too (no step to run it). */
 export const parseJson = (buffer: Buffer): Exit.Exit<unknown, InvalidRequest> => {
@@ -156,7 +175,7 @@ export const readBody = (
   config: GatewayConfigShape,
   startedAt: number,
   scope?: Scope.Scope,
-) => readWith(req, config, startedAt, scope, (body) => Exit.succeed(body))
+) => readWith(req, config, startedAt, scope, Exit.succeed)
 
 /** `readBody` parsed as JSON, in the same wait. */
 export const readJson = (

@@ -13,7 +13,7 @@ import {
   UnsupportedContentPart,
   ZdrStorageNotSupported,
 } from "@swarmgate/protocol"
-import { Effect } from "effect"
+import { Either } from "effect"
 
 export interface PresetView {
   readonly preset: Preset
@@ -68,10 +68,11 @@ const unsupported: ReadonlyArray<readonly [string, (v: unknown) => boolean, stri
   ["web_search_options", () => true, "Web search is not supported."],
 ]
 
-const inRange = (param: string, value: number | null | undefined, min: number, max: number) =>
+/** The refusal of a value out of its range; undefined when it is in range (or absent). */
+const outOfRange = (param: string, value: number | null | undefined, min: number, max: number) =>
   value === undefined || value === null || (value >= min && value <= max)
-    ? Effect.void
-    : Effect.fail(invalid(param, `${param} must be between ${min} and ${max}.`))
+    ? undefined
+    : invalid(param, `${param} must be between ${min} and ${max}.`)
 
 const MAX_STOP = 4
 const MAX_USER_LENGTH = 256
@@ -81,14 +82,14 @@ const parseImage = (
   detail: string | undefined,
   param: string,
   maxImageBytes: number,
-): Effect.Effect<NodeImage & { readonly tokens: number }, InvalidRequest | RequestTooLarge> => {
+): Either.Either<NodeImage & { readonly tokens: number }, InvalidRequest | RequestTooLarge> => {
   const tokens = detail === "low" ? Tokens.IMAGE_TOKENS_LOW : Tokens.IMAGE_TOKENS_DEFAULT
   if (url.startsWith("data:")) {
     const comma = url.indexOf(",")
     const header = comma < 0 ? "" : url.slice(5, comma)
     const mediaType = header.split(";")[0] ?? ""
     if (comma < 0 || !mediaType.startsWith("image/")) {
-      return Effect.fail(
+      return Either.left(
         invalid(`${param}.image_url.url`, "A data URL must be data:image/<type>;base64,<data>."),
       )
     }
@@ -97,84 +98,95 @@ const parseImage = (
     const padding = base64 ? (url.endsWith("==") ? 2 : url.endsWith("=") ? 1 : 0) : 0
     const bytes = base64 ? Math.floor((data * 3) / 4) - padding : data
     if (bytes > maxImageBytes) {
-      return Effect.fail(
+      return Either.left(
         new RequestTooLarge({
           message: `The image is ${bytes} bytes; the limit is ${maxImageBytes} bytes.`,
           param,
         }),
       )
     }
-    return Effect.succeed({ url, mediaType, bytes, tokens })
+    return Either.right({ url, mediaType, bytes, tokens })
   }
   if (url.startsWith("https://") || url.startsWith("http://")) {
     const ext = /\.(png|jpe?g|gif|webp)(?:$|[?#])/i.exec(url)?.[1]?.toLowerCase()
     const mediaType = ext === undefined ? "image/*" : `image/${ext === "jpg" ? "jpeg" : ext}`
-    return Effect.succeed({ url, mediaType, bytes: 0, tokens })
+    return Either.right({ url, mediaType, bytes: 0, tokens })
   }
-  return Effect.fail(invalid(`${param}.image_url.url`, "An image URL must be an http(s) or data: URL."))
+  return Either.left(invalid(`${param}.image_url.url`, "An image URL must be an http(s) or data: URL."))
 }
 
-// Declared once, not made per call: a generator closure per request keeps all it captures out of
-// young collections (gateway/HttpServer.ts, BENCHMARKS.md "Found and fixed").
-function* normalizeBody(
+/**
+ * `countScope`: whose remembered prompt counts may be used
+ * (`Tokens.promptTokens`): the account. By plain calls: an `Either` is an
+ * Effect too, so a caller in `Effect.gen` yields it, and the listener's
+ * plain path reads it (no generator or run-loop step per request).
+ */
+export const normalize = (
   request: ChatCompletionRequest,
   body: Record<string, unknown>,
   presets: (id: string) => PresetView | undefined,
   maxImageBytes: number,
-  countScope: string,
-) {
+  countScope = "",
+): Either.Either<NormalizedRequest, PolicyError> => {
   if (request.store === true) {
-    return yield* new ZdrStorageNotSupported({
-      message: "store: true is not supported: this service stores no completions.",
-      param: "store",
-    })
+    return Either.left(
+      new ZdrStorageNotSupported({
+        message: "store: true is not supported: this service stores no completions.",
+        param: "store",
+      }),
+    )
   }
   const view = presets(request.model)
-  if (view === undefined) return yield* ModelNotFound.forModel(request.model)
+  if (view === undefined) return Either.left(ModelNotFound.forModel(request.model))
   const { preset } = view
 
   for (const [name, refused, why] of unsupported) {
-    if (present(body, name) && refused(body[name])) return yield* invalid(name, why)
+    if (present(body, name) && refused(body[name])) return Either.left(invalid(name, why))
   }
   if (request.n !== undefined && request.n !== null && request.n !== 1) {
-    return yield* invalid("n", "Only n = 1 is supported.")
+    return Either.left(invalid("n", "Only n = 1 is supported."))
   }
   const stream = request.stream === true
   if (!stream && request.stream_options !== undefined && request.stream_options !== null) {
-    return yield* invalid("stream_options", "stream_options is only allowed when stream is true.")
+    return Either.left(invalid("stream_options", "stream_options is only allowed when stream is true."))
   }
 
   const format = request.response_format?.type
   if (format !== undefined && format !== "text" && format !== "json_object") {
-    return yield* invalid(
-      "response_format",
-      format === "json_schema"
-        ? "response_format json_schema is not supported; use json_object."
-        : "response_format.type must be text or json_object.",
+    return Either.left(
+      invalid(
+        "response_format",
+        format === "json_schema"
+          ? "response_format json_schema is not supported; use json_object."
+          : "response_format.type must be text or json_object.",
+      ),
     )
   }
 
-  yield* inRange("temperature", request.temperature, 0, 2)
-  yield* inRange("top_p", request.top_p, 0, 1)
-  yield* inRange("presence_penalty", request.presence_penalty, -2, 2)
-  yield* inRange("frequency_penalty", request.frequency_penalty, -2, 2)
+  const range =
+    outOfRange("temperature", request.temperature, 0, 2) ??
+    outOfRange("top_p", request.top_p, 0, 1) ??
+    outOfRange("presence_penalty", request.presence_penalty, -2, 2) ??
+    outOfRange("frequency_penalty", request.frequency_penalty, -2, 2)
+  if (range !== undefined) return Either.left(range)
   const stop = typeof request.stop === "string" ? [request.stop] : (request.stop ?? undefined)
   if (stop !== undefined) {
     if (stop.length > MAX_STOP)
-      return yield* invalid("stop", `At most ${MAX_STOP} stop sequences are allowed.`)
-    if (stop.some((s) => s.length === 0)) return yield* invalid("stop", "Stop sequences must not be empty.")
+      return Either.left(invalid("stop", `At most ${MAX_STOP} stop sequences are allowed.`))
+    if (stop.some((s) => s.length === 0))
+      return Either.left(invalid("stop", "Stop sequences must not be empty."))
   }
   if (request.user !== undefined && request.user !== null && request.user.length > MAX_USER_LENGTH) {
-    return yield* invalid("user", `user must be at most ${MAX_USER_LENGTH} characters.`)
+    return Either.left(invalid("user", `user must be at most ${MAX_USER_LENGTH} characters.`))
   }
 
   for (const name of ["max_tokens", "max_completion_tokens"] as const) {
     const value = request[name]
     if (value !== undefined && value !== null && value < 1)
-      return yield* invalid(name, `${name} must be at least 1.`)
+      return Either.left(invalid(name, `${name} must be at least 1.`))
   }
 
-  if (request.messages.length === 0) return yield* invalid("messages", "messages must not be empty.")
+  if (request.messages.length === 0) return Either.left(invalid("messages", "messages must not be empty."))
   const messages: Array<NodeMessage & Tokens.CountableMessage> = []
   for (const [i, message] of request.messages.entries()) {
     if (typeof message.content === "string") {
@@ -199,23 +211,26 @@ function* normalizeBody(
         case "image_url": {
           const { url, detail } = part.image_url as { url: string; detail?: string }
           if (!view.vision) {
-            return yield* invalid(param, `The model ${preset.id} does not accept images.`)
+            return Either.left(invalid(param, `The model ${preset.id} does not accept images.`))
           }
-          const image = yield* parseImage(url, detail, param, maxImageBytes)
+          const parsed = parseImage(url, detail, param, maxImageBytes)
+          if (Either.isLeft(parsed)) return Either.left(parsed.left)
+          const image = parsed.right
           images.push({ url: image.url, mediaType: image.mediaType, bytes: image.bytes })
           imageTokens += image.tokens
           break
         }
         case "input_audio":
         case "file":
-          return yield* new UnsupportedContentPart({
-            message: `Content parts of type ${part.type} are not accepted.`,
-            param,
-          })
+          return Either.left(
+            new UnsupportedContentPart({
+              message: `Content parts of type ${part.type} are not accepted.`,
+              param,
+            }),
+          )
         default:
-          return yield* invalid(
-            `${param}.type`,
-            `Unknown content part type ${String(part.type).slice(0, 50)}.`,
+          return Either.left(
+            invalid(`${param}.type`, `Unknown content part type ${String(part.type).slice(0, 50)}.`),
           )
       }
     }
@@ -231,9 +246,11 @@ function* normalizeBody(
   // Counting stops past the context: a huge prompt costs no more than one that fits.
   const promptTokens = Tokens.promptTokens(messages, preset.maxContextTokens - 1, countScope)
   if (promptTokens >= preset.maxContextTokens) {
-    return yield* invalid(
-      "messages",
-      `The prompt is longer than the ${preset.maxContextTokens - 1} tokens ${preset.id} accepts.`,
+    return Either.left(
+      invalid(
+        "messages",
+        `The prompt is longer than the ${preset.maxContextTokens - 1} tokens ${preset.id} accepts.`,
+      ),
     )
   }
   // The smaller cap wins; caps above what the preset can produce are clamped (README: token caps).
@@ -246,7 +263,7 @@ function* normalizeBody(
     preset.maxContextTokens - promptTokens,
   )
 
-  return {
+  return Either.right({
     preset,
     model: request.model,
     messages: messages.map(({ role, content, images }) => ({ role, content, images })),
@@ -264,15 +281,5 @@ function* normalizeBody(
       frequencyPenalty: request.frequency_penalty ?? undefined,
       user: request.user ?? undefined,
     },
-  }
+  })
 }
-
-/** `countScope`: whose remembered prompt counts may be used (`Tokens.promptTokens`): the account. */
-export const normalize = (
-  request: ChatCompletionRequest,
-  body: Record<string, unknown>,
-  presets: (id: string) => PresetView | undefined,
-  maxImageBytes: number,
-  countScope = "",
-): Effect.Effect<NormalizedRequest, PolicyError> =>
-  Effect.gen(() => normalizeBody(request, body, presets, maxImageBytes, countScope))
