@@ -15,6 +15,7 @@ import {
   Either,
   ExecutionStrategy,
   Exit,
+  type Fiber,
   FiberId,
   type FiberRefs,
   Option,
@@ -122,21 +123,26 @@ class FiberSources implements Sources {
   }
 }
 
+/** The sources of `fiber` (running with `runtimeFlags`), by a plain call from code running on it. */
+export const sourcesOf = (
+  scope: Scope.Scope,
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  runtimeFlags: RuntimeFlags.RuntimeFlags,
+): Sources => {
+  const services = fiber.currentDefaultServices
+  return new FiberSources(
+    scope,
+    Context.get(services, Clock.Clock),
+    Context.get(services, Random.Random),
+    fiber,
+    fiber.currentContext as Context.Context<never>,
+    runtimeFlags,
+  )
+}
+
 /** The fiber's sources, the request's scope given (the gateway keeps it out of the fiber's context). */
 export const sourcesIn = (scope: Scope.Scope): Effect.Effect<Sources> =>
-  Effect.withFiberRuntime((fiber, status) => {
-    const services = fiber.currentDefaultServices
-    return Effect.succeed(
-      new FiberSources(
-        scope,
-        Context.get(services, Clock.Clock),
-        Context.get(services, Random.Random),
-        fiber,
-        fiber.currentContext as Context.Context<never>,
-        status.runtimeFlags,
-      ),
-    )
-  })
+  Effect.withFiberRuntime((fiber, status) => Effect.succeed(sourcesOf(scope, fiber, status.runtimeFlags)))
 
 // --- the alarm --------------------------------------------------------------------------
 
@@ -309,7 +315,7 @@ export const winner = (
   first: Chunk.Chunk<NodeEvent>,
   idleTimeoutMillis: number,
   now: () => number,
-): Effect.Effect<{ readonly pull: NodePull; readonly next: NodeNext | undefined }> => {
+): { readonly pull: NodePull; readonly next: NodeNext | undefined } => {
   const { slot } = attempt
   let chars = 0
   let failed = false
@@ -372,7 +378,7 @@ export const winner = (
     // Speed only: characters / 4 estimates tokens without a third tokenizer pass over the answer.
     if (!failed) slot.entry.health.succeeded(Math.ceil(chars / 4), now() - firstAt)
   })
-  return Effect.succeed({ pull, next: byCallback })
+  return { pull, next: byCallback }
 }
 
 // --- a whole answer (consensus authors and judges) --------------------------------------------

@@ -11,17 +11,18 @@
  * Every slot on a node is held in the caller's scope and released exactly once.
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Layer, Schedule, Scope } from "effect"
+import { Clock, Context, Effect, type Fiber, Layer, type RuntimeFlags, Schedule, Scope } from "effect"
 import { defaultHealthOptions, type HealthOptions } from "./NodeHealth"
 import { httpNode, NodePool, type NodeStatus, type RegisterResult } from "./NodePool"
 import type { NodeSpec } from "./NodesFile"
 import type { NodeRequest, SwarmNode } from "./NodeTransport"
 import type { Preset } from "./Presets"
 import { consensus } from "./strategies/Consensus"
-import { single } from "./strategies/Single"
+import { type Begun, beginSingle, single } from "./strategies/Single"
 import type { ConsensusTrace, NodeRun, StrategyContext } from "./strategies/Strategy"
 
 export type { NodeStatus, RegisterResult } from "./NodePool"
+export type { Begun } from "./strategies/Single"
 export type { ConsensusTrace, NodeRun } from "./strategies/Strategy"
 
 export interface DispatcherOptions {
@@ -79,6 +80,21 @@ export interface DispatcherShape {
     preset: Preset,
     request: Omit<NodeRequest, "model">,
   ) => Effect.Effect<NodeRun, CapacityExhausted | UpstreamError>
+  /**
+   * `runIn` begun by plain calls from code running on `fiber` (with
+   * `runtimeFlags`): `done` gets the run as an `Exit` when it came without a
+   * wait in Effect (the single strategy on a node free now and started by
+   * callback), else the Effect that goes on. Called once, perhaps before
+   * this returns.
+   */
+  readonly beginIn: (
+    scope: Scope.Scope,
+    fiber: Fiber.RuntimeFiber<unknown, unknown>,
+    runtimeFlags: RuntimeFlags.RuntimeFlags,
+    preset: Preset,
+    request: Omit<NodeRequest, "model">,
+    done: Begun,
+  ) => void
   readonly status: Effect.Effect<ReadonlyArray<NodeStatus>>
   /** Adds a node or renews its registration (heartbeat); nodes of the nodes file cannot be replaced. */
   readonly register: (spec: NodeSpec, ttlMillis?: number) => Effect.Effect<RegisterResult>
@@ -137,6 +153,10 @@ export const make = (
     inFlight: (nodeId) => pool.entries.get(nodeId)?.inFlight ?? 0,
     run: (preset, request) => Effect.flatMap(Effect.scope, (scope) => runIn(scope, preset, request)),
     runIn,
+    beginIn: (scope, fiber, runtimeFlags, preset, request, done) => {
+      if (preset.strategy === "consensus") done(runIn(scope, preset, request))
+      else beginSingle(ctx, preset, request, scope, fiber, runtimeFlags, done)
+    },
     status: Effect.map(Clock.currentTimeMillis, (now) =>
       [...pool.entries.values()].map((e) => pool.statusOf(e, now)),
     ),

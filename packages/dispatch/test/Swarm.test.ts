@@ -628,3 +628,151 @@ describe("runIn: the scope is given, none is read from the fiber's context", () 
     }),
   )
 })
+
+/**
+ * `beginIn`: the single strategy by plain calls, as the gateway's common
+ * request runs it. A node started by callback whose first event comes first
+ * gives the run as an `Exit` (no Effect step); anything else hands over the
+ * Effect loop from the state the plain start left, which ends as `runIn`
+ * would: the next node after a failure, the hedge's winner, 429 when none is
+ * free. Real clock, nodes that answer by timers.
+ */
+describe("beginIn: the single strategy by plain calls, the Effect loop where it must wait", () => {
+  /** A node started by callback: its first event after `first(call).ttft` ms (or a failure), then the rest. */
+  const callbackNode = (
+    id: string,
+    first: (call: number) => { readonly ttft: number; readonly fail?: boolean },
+    capacity = 4,
+  ): FakeNode => {
+    const node: FakeNode = {
+      id,
+      capacity,
+      models: new Map([[prime.id, id]]),
+      vision: false,
+      calls: 0,
+      stopped: 0,
+      enforcesIdleTimeout: true,
+      generate: () => Stream.die("started by callback only"),
+      begin: (_request, onFirst) => {
+        const { ttft, fail } = first(node.calls++)
+        let rest: Array<NodeEvent> = [delta("done"), finish]
+        let over = false
+        const timer = Number.isFinite(ttft)
+          ? setTimeout(() => {
+              if (fail) over = true
+              onFirst(
+                fail
+                  ? Exit.fail(Option.some(new NodeFailure({ nodeId: id, reason: "broken" })))
+                  : Exit.succeed(Chunk.of(delta(`${id}:`))),
+              )
+            }, ttft)
+          : undefined
+        const take = (): Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> => {
+          if (rest.length === 0) {
+            over = true
+            return Exit.fail(Option.none())
+          }
+          const chunk = Chunk.fromIterable(rest)
+          rest = []
+          return Exit.succeed(chunk)
+        }
+        return {
+          pull: Effect.suspend(take),
+          next: (done) => {
+            done(take())
+            return () => undefined
+          },
+          stop: () => {
+            clearTimeout(timer)
+            if (!over) node.stopped++
+            over = true
+          },
+        }
+      },
+    }
+    return node
+  }
+
+  /** Begins the request; how it was handed on (plain or not), then its events read by callback. */
+  const begin = (dispatcher: Dispatcher.DispatcherShape) =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const begun = yield* Effect.withFiberRuntime<Effect.Effect<Dispatcher.NodeRun, unknown>>(
+        (fiber, status) =>
+          Effect.async((resume) =>
+            dispatcher.beginIn(scope, fiber, status.runtimeFlags, prime, request, (result) =>
+              resume(Effect.succeed(result)),
+            ),
+          ),
+      )
+      const result = yield* Effect.either(begun)
+      if (Either.isLeft(result)) {
+        yield* Scope.close(scope, Exit.void)
+        return { plain: Exit.isExit(begun), failure: result.left, nodeId: undefined, events: [] }
+      }
+      const run = result.right
+      const events: Array<NodeEvent> = []
+      while (true) {
+        const chunk = yield* Effect.async<Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>>(
+          (resume) => {
+            run.next!((exit) => resume(Effect.succeed(exit)))
+          },
+        )
+        if (Exit.isFailure(chunk)) break
+        events.push(...chunk.value)
+      }
+      yield* Scope.close(scope, Exit.void)
+      return { plain: Exit.isExit(begun), failure: undefined, nodeId: run.nodeId, events }
+    })
+
+  it.live("a node free now whose first event comes first: the run by plain calls", () =>
+    Effect.gen(function* () {
+      const node = callbackNode("a", () => ({ ttft: 5 }))
+      const dispatcher = Dispatcher.make(presets, [node])
+      const result = yield* begin(dispatcher)
+      expect(result.plain).toBe(true)
+      expect(result.events).toEqual([delta("a:"), delta("done"), finish])
+      expect(dispatcher.inFlight("a")).toBe(0)
+    }),
+  )
+
+  it.live("a failure before the first event: handed over, the next node answers", () =>
+    Effect.gen(function* () {
+      const broken = callbackNode("broken", () => ({ ttft: 5, fail: true }))
+      const good = callbackNode("good", () => ({ ttft: 5 }))
+      // Only the broken node is free at first; the good one comes free for the replacement.
+      const dispatcher = Dispatcher.make(presets, [broken, good])
+      let result = yield* begin(dispatcher)
+      for (let i = 0; i < 20 && broken.calls === 0; i++) result = yield* begin(dispatcher)
+      expect(broken.calls).toBeGreaterThan(0)
+      expect(result.plain).toBe(false)
+      expect(result.nodeId).toBe("good")
+      expect(result.events).toEqual([delta("good:"), delta("done"), finish])
+      expect([dispatcher.inFlight("broken"), dispatcher.inFlight("good")]).toEqual([0, 0])
+    }),
+  )
+
+  it.live("a late first event: handed over to the hedge, whose node wins; the late one is stopped", () =>
+    Effect.gen(function* () {
+      const slow = callbackNode("slow", () => ({ ttft: Number.POSITIVE_INFINITY }), 100)
+      const fast = callbackNode("fast", () => ({ ttft: 5 }), 1)
+      const dispatcher = Dispatcher.make(presets, [slow, fast], { hedgeAfterMillis: 30, hedgeMinMillis: 30 })
+      // Until the first attempt lands on the slow node (the choice is random).
+      let result = yield* begin(dispatcher)
+      while (result.nodeId === "fast" && slow.calls === 0) result = yield* begin(dispatcher)
+      expect(result.plain).toBe(false)
+      expect(result.nodeId).toBe("fast")
+      expect(slow.stopped).toBe(1)
+      expect([dispatcher.inFlight("slow"), dispatcher.inFlight("fast")]).toEqual([0, 0])
+    }),
+  )
+
+  it.live("no node free and no queue: handed over, 429 capacity_exhausted", () =>
+    Effect.gen(function* () {
+      const node = callbackNode("only", () => ({ ttft: 5 }), 0)
+      const result = yield* begin(Dispatcher.make(presets, [node]))
+      expect(result.plain).toBe(false)
+      expect(result.failure).toBeInstanceOf(CapacityExhausted)
+    }),
+  )
+})
