@@ -26,7 +26,19 @@ import {
   UpstreamTimeout,
 } from "@swarmgate/protocol"
 import { SseEncoder, SseWriter } from "@swarmgate/sse"
-import { Cause, Chunk, Context, Effect, Either, Exit, FiberId, Option, type Scope } from "effect"
+import {
+  Cause,
+  Chunk,
+  Context,
+  Effect,
+  Either,
+  Exit,
+  type Fiber,
+  FiberId,
+  Option,
+  type RuntimeFlags,
+  type Scope,
+} from "effect"
 import { constVoid } from "effect/Function"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import { flat, flatHeader } from "./internal/Flat"
@@ -198,87 +210,100 @@ const runEvents = (
 ) => Effect.gen(() => runEventsBody(pull, text, onText))
 
 /**
- * `runEvents` by callback, for a node that offers `next` (HTTP nodes): one
- * `Effect.async` for the whole answer, each chunk handled by plain calls, so
- * a streamed token costs no Effect step. `onText` writes and says whether
- * the socket took it all; when not, the next read waits for `drain`, so a
- * slow client slows the node instead of filling memory.
+ * `runEvents` by callback, for a node that offers `next` (HTTP nodes): each
+ * chunk handled by plain calls, so a streamed token costs no Effect step;
+ * `end` gets how reading ended, once. `onText` writes and says whether the
+ * socket took it all; when not, the next read waits for `drain`, so a slow
+ * client slows the node instead of filling memory. Returns the cleanup
+ * (safe to call again), which stops reading.
  */
+const pushEventsNow = (
+  next: NodeNext,
+  text: CappedText,
+  res: ServerResponse,
+  onText: ((literals: ReadonlyArray<string>) => boolean) | undefined,
+  /** Called once the events ready at the start were handled (before any wait). */
+  onStarted: (() => void) | undefined,
+  end: (finished: Exit.Exit<FinishReason, UpstreamError>) => void,
+): (() => void) => {
+  const finish: NodeFinish = { node: undefined }
+  let over = false
+  let cancel: () => void = constVoid
+  let offDrain: () => void = constVoid
+  const ended = (result: Exit.Exit<FinishReason, UpstreamError>) => {
+    over = true
+    end(result)
+  }
+  const step = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>): void => {
+    cancel = constVoid
+    if (over) return
+    if (Exit.isFailure(exit)) {
+      const error = Cause.failureOption(exit.cause)
+      ended(
+        Option.isSome(error) && Option.isSome(error.value)
+          ? Exit.fail(broke(error.value.value))
+          : Exit.succeed(finishOf(text, finish.node)),
+      )
+      return
+    }
+    const literals = onText === undefined ? undefined : []
+    takeChunk(exit.value, text, finish, literals)
+    const took =
+      onText !== undefined && literals !== undefined && literals.length > 0 ? onText(literals) : true
+    if (text.capped) {
+      ended(Exit.succeed(finishOf(text, finish.node)))
+      return
+    }
+    if (took) {
+      read()
+      return
+    }
+    offDrain = SseWriter.drained(res, () => {
+      offDrain = constVoid
+      read()
+    })
+  }
+  // A chunk ready at once is handled after `next` returns, so that its cancel is never lost. One
+  // callback for every read of the answer, not one made per read (a paced stream reads per token).
+  let early: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined
+  let sync = false
+  const onRead = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
+    if (sync) early = exit
+    else step(exit)
+  }
+  const read = () => {
+    sync = true
+    const stop = next(onRead)
+    sync = false
+    const now = early
+    if (now === undefined) {
+      cancel = stop
+      return
+    }
+    early = undefined
+    step(now)
+  }
+  read()
+  if (!over) onStarted?.()
+  return () => {
+    over = true
+    cancel()
+    offDrain()
+  }
+}
+
+/** `pushEventsNow` as one wait, its cleanup the scope's. */
 const pushEvents = (
   scope: Scope.Scope,
   next: NodeNext,
   text: CappedText,
   res: ServerResponse,
   onText: ((literals: ReadonlyArray<string>) => boolean) | undefined,
-  /** Called once the events ready at the start were handled (before any wait). */
   onStarted?: () => void,
 ) =>
-  Finalizers.asyncIn<FinishReason, UpstreamError>(scope, (resume) => {
-    const finish: NodeFinish = { node: undefined }
-    let over = false
-    let cancel: () => void = constVoid
-    let offDrain: () => void = constVoid
-    const end = (result: Effect.Effect<FinishReason, UpstreamError>) => {
-      over = true
-      resume(result)
-    }
-    const step = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>): void => {
-      cancel = constVoid
-      if (over) return
-      if (Exit.isFailure(exit)) {
-        const error = Cause.failureOption(exit.cause)
-        end(
-          Option.isSome(error) && Option.isSome(error.value)
-            ? Effect.fail(broke(error.value.value))
-            : Effect.succeed(finishOf(text, finish.node)),
-        )
-        return
-      }
-      const literals = onText === undefined ? undefined : []
-      takeChunk(exit.value, text, finish, literals)
-      const took =
-        onText !== undefined && literals !== undefined && literals.length > 0 ? onText(literals) : true
-      if (text.capped) {
-        end(Effect.succeed(finishOf(text, finish.node)))
-        return
-      }
-      if (took) {
-        read()
-        return
-      }
-      offDrain = SseWriter.drained(res, () => {
-        offDrain = constVoid
-        read()
-      })
-    }
-    // A chunk ready at once is handled after `next` returns, so that its cancel is never lost. One
-    // callback for every read of the answer, not one made per read (a paced stream reads per token).
-    let early: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> | undefined
-    let sync = false
-    const onRead = (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => {
-      if (sync) early = exit
-      else step(exit)
-    }
-    const read = () => {
-      sync = true
-      const stop = next(onRead)
-      sync = false
-      const now = early
-      if (now === undefined) {
-        cancel = stop
-        return
-      }
-      early = undefined
-      step(now)
-    }
-    read()
-    onStarted?.()
-    return () => {
-      over = true
-      cancel()
-      offDrain()
-    }
-  })
+  Finalizers.asyncIn<FinishReason, UpstreamError>(scope, (resume) =>
+    pushEventsNow(next, text, res, onText, onStarted, resume),
+  )
 
 const usageJson = (prompt: number, completion: number) =>
   `{"prompt_tokens":${prompt},"completion_tokens":${completion},"total_tokens":${prompt + completion}}`
@@ -301,51 +326,83 @@ const takeOpening = (offs: AnswerOffs): string => {
   return text
 }
 
-/** The answer: a generator declared once, its request passed in (HttpServer.ts says why). */
-function* answerBody(
-  res: ServerResponse,
-  requestId: string,
-  request: NormalizedRequest,
-  outcome: Outcome,
-  hooks: RespondHooks,
-  dispatcher: Dispatcher.DispatcherShape,
-  config: GatewayConfigShape,
-  text: CappedText,
-  id: string,
-  created: number,
-  stop: (why: Stop) => void,
-  offs: AnswerOffs,
-  scope: Scope.Scope,
-) {
-  const run = yield* dispatcher.runIn(scope, request.preset, {
-    requestId,
-    messages: request.messages,
-    maxTokens: request.maxTokens,
-    jsonMode: request.jsonMode,
-    sampling: request.sampling,
-  })
+/** One answer's state, set up by `prepare` for either path (the Effect one or plain calls). */
+interface Answer {
+  readonly scope: Scope.Scope
+  readonly res: ServerResponse
+  readonly requestId: string
+  readonly request: NormalizedRequest
+  readonly outcome: Outcome
+  readonly hooks: RespondHooks
+  readonly config: GatewayConfigShape
+  readonly text: CappedText
+  readonly id: string
+  readonly created: number
+  readonly stop: (why: Stop) => void
+  readonly offs: AnswerOffs
+}
+
+/** The request as the dispatcher gets it. */
+const nodeRequestOf = (requestId: string, request: NormalizedRequest) => ({
+  requestId,
+  messages: request.messages,
+  maxTokens: request.maxTokens,
+  jsonMode: request.jsonMode,
+  sampling: request.sampling,
+})
+
+/** The node produced its first event: noted, and the hooks told (an Effect only where one must run). */
+const started = (answer: Answer, run: Dispatcher.NodeRun): Effect.Effect<void> | undefined => {
+  const { outcome, hooks } = answer
   outcome.started = true
   outcome.nodeId = run.nodeId
-  const ran = hooks.onRun?.(run)
-  if (ran !== undefined) yield* ran
+  return hooks.onRun?.(run)
+}
+
+/** How the answer reads its run's events and ends, set up once the run started. */
+interface Reading {
+  /** Writes the text of each chunk pushed by callback (SSE); undefined for one JSON body. */
+  readonly onText: ((literals: ReadonlyArray<string>) => boolean) | undefined
+  /** Writes the role chunk when no text came at once (SSE). */
+  readonly onStarted: (() => void) | undefined
+  /** For a run read by `pull` (SSE): the first write, then each chunk's text. */
+  readonly pulled:
+    | {
+        readonly first: Effect.Effect<void>
+        readonly onText: (literals: ReadonlyArray<string>) => Effect.Effect<void>
+      }
+    | undefined
+  /** Writes the answer's end from how reading ended; fails (nothing written) only before the first byte. */
+  readonly finish: (finished: Exit.Exit<FinishReason, UpstreamError>) => Exit.Exit<void, UpstreamError>
+}
+
+/** The answer's opening once the run started: a JSON body waits for the end, a stream starts now. */
+const open = (answer: Answer): Reading => {
+  const { res, requestId, request, outcome, hooks, config, text, id, created, stop, offs } = answer
   // The drain may end a running answer; a request not yet started is the drain's own to refuse.
   if (hooks.onHalt !== undefined) offs.halt = hooks.onHalt(() => stop("halted"))
   if (!request.stream) {
-    const finish = yield* run.next !== undefined
-      ? pushEvents(scope, run.next, text, res, undefined)
-      : runEvents(run.pull, text, undefined)
-    outcome.finishReason = finish
-    const completionTokens = Tokens.count(text.text)
-    outcome.completionTokens = completionTokens
-    const body = `{"id":"${id}","object":"chat.completion","created":${created},"model":${JSON.stringify(request.model)},"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(text.text)}},"finish_reason":"${finish}"}],"usage":${usageJson(request.promptTokens, completionTokens)}}`
-    res.writeHead(200, {
-      "content-type": "application/json",
-      "content-length": String(Buffer.byteLength(body)),
-      [REQUEST_ID_HEADER]: requestId,
-    })
-    res.end(body)
-    outcome.status = "completed"
-    return
+    return {
+      onText: undefined,
+      onStarted: undefined,
+      pulled: undefined,
+      finish: (finished) => {
+        if (Exit.isFailure(finished)) return finished
+        const finish = finished.value
+        outcome.finishReason = finish
+        const completionTokens = Tokens.count(text.text)
+        outcome.completionTokens = completionTokens
+        const body = `{"id":"${id}","object":"chat.completion","created":${created},"model":${JSON.stringify(request.model)},"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(text.text)}},"finish_reason":"${finish}"}],"usage":${usageJson(request.promptTokens, completionTokens)}}`
+        res.writeHead(200, {
+          "content-type": "application/json",
+          "content-length": String(Buffer.byteLength(body)),
+          [REQUEST_ID_HEADER]: requestId,
+        })
+        res.end(body)
+        outcome.status = "completed"
+        return Exit.void
+      },
+    }
   }
 
   const usageTail = request.includeUsage ? ',"usage":null}' : "}"
@@ -387,51 +444,166 @@ function* answerBody(
     for (const literal of literals) data += contentOpen + literal + contentClose
     return data
   }
-  let reading: Effect.Effect<FinishReason, UpstreamError>
+  return {
+    onText: (literals) => {
+      alive.lastWrite = Date.now()
+      return SseWriter.writeChunk(res, opened() + deltasData(literals))
+    },
+    onStarted: () => {
+      // No text at once: the role chunk leaves now, as it would have without waiting.
+      if (offs.opening !== "") SseWriter.writeChunk(res, opened())
+    },
+    pulled: { first: send(""), onText: (literals) => send(deltasData(literals)) },
+    finish: (finished) => {
+      if (Exit.isFailure(finished)) {
+        const failure = Cause.failureOption(finished.cause)
+        // A defect of the reading is not written here: it fails the request.
+        if (Option.isNone(failure)) return finished
+        outcome.status = "upstream_error"
+        outcome.completionTokens = Tokens.count(text.text)
+        // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
+        res.end(
+          opened() +
+            SseEncoder.encodeData(
+              streamErrorEvent(
+                { message: failure.value.message, type: "server_error", code: "upstream_error" },
+                requestId,
+              ),
+            ),
+        )
+        return Exit.void
+      }
+      outcome.finishReason = finished.value
+      const completionTokens = Tokens.count(text.text)
+      outcome.completionTokens = completionTokens
+      let tail = chunk("{}", `"${finished.value}"`)
+      if (request.includeUsage) {
+        tail += SseEncoder.encodeData(
+          `${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`,
+        )
+      }
+      res.end(opened() + tail + SseEncoder.DONE)
+      outcome.status = "completed"
+      return Exit.void
+    },
+  }
+}
+
+/**
+ * The answer once its run started, the Effect way: a generator declared
+ * once, its request passed in (HttpServer.ts says why).
+ */
+function* answerRunBody(answer: Answer, run: Dispatcher.NodeRun, ran: Effect.Effect<void> | undefined) {
+  if (ran !== undefined) yield* ran
+  const reading = open(answer)
+  let finished: Exit.Exit<FinishReason, UpstreamError>
   if (run.next !== undefined) {
-    reading = pushEvents(
-      scope,
-      run.next,
-      text,
-      res,
-      (literals) => {
-        alive.lastWrite = Date.now()
-        return SseWriter.writeChunk(res, opened() + deltasData(literals))
-      },
-      () => {
-        // No text at once: the role chunk leaves now, as it would have without waiting.
-        if (offs.opening !== "") SseWriter.writeChunk(res, opened())
-      },
+    finished = yield* Effect.exit(
+      pushEvents(answer.scope, run.next, answer.text, answer.res, reading.onText, reading.onStarted),
     )
   } else {
-    yield* send("")
-    reading = runEvents(run.pull, text, (literals) => send(deltasData(literals)))
+    if (reading.pulled !== undefined) yield* reading.pulled.first
+    finished = yield* Effect.exit(runEvents(run.pull, answer.text, reading.pulled?.onText))
   }
-  const finished = yield* Effect.either(reading)
-  if (finished._tag === "Left") {
-    outcome.status = "upstream_error"
-    outcome.completionTokens = Tokens.count(text.text)
-    // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
-    res.end(
-      opened() +
-        SseEncoder.encodeData(
-          streamErrorEvent(
-            { message: finished.left.message, type: "server_error", code: "upstream_error" },
-            requestId,
-          ),
-        ),
+  yield* reading.finish(finished)
+}
+
+/** The whole answer the Effect way, from the dispatcher's run (or what goes on to it). */
+function* answerBody(answer: Answer, running: Effect.Effect<Dispatcher.NodeRun, RunError>) {
+  const run = yield* running
+  yield* Effect.gen(() => answerRunBody(answer, run, started(answer, run)))
+}
+
+/**
+ * The answer's setup, whichever path runs it: the running-time limit and the
+ * revocation watch, and the cleanup that writes a stopped answer. `interrupt`
+ * stops the request's fiber.
+ */
+const prepare = (
+  scope: Scope.Scope,
+  res: ServerResponse,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+  hooks: RespondHooks,
+  config: GatewayConfigShape,
+  interrupt: () => void,
+): Answer => {
+  const startedAt = Date.now()
+  const created = Math.floor(startedAt / 1000)
+  const id = completionId(requestId)
+  const text = new CappedText(request.maxTokens)
+  let stopped: Stop | undefined
+  const offs: AnswerOffs = { halt: undefined, keepAlive: undefined, opening: "" }
+  let offRevocation: (() => void) | undefined
+  const stop = (why: Stop) => {
+    if (stopped !== undefined || outcome.status !== "pending") return
+    stopped = why
+    outcome.status = why === "upstream_timeout" ? "upstream_timeout" : "upstream_error"
+    interrupt()
+  }
+  const cancelDeadline = Timers.deadline(request.preset.timeoutMillis, () => stop("upstream_timeout"))
+  if (hooks.onRevocation !== undefined)
+    offRevocation = hooks.onRevocation((error) => stop({ revoked: error }))
+
+  /** The answer of a stopped request, written once its fiber was interrupted. */
+  const writeStopped = (why: Stop) => {
+    hooks.onStopped?.(
+      why === "upstream_timeout"
+        ? "upstream_timeout"
+        : typeof why === "object" && !outcome.headersSent
+          ? why.revoked._tag === "ValidationFailed"
+            ? "validation_failed"
+            : why.revoked.code
+          : "upstream_error",
     )
-    return
+    if (res.writableEnded || res.destroyed) return
+    if (outcome.headersSent) {
+      outcome.completionTokens = Tokens.count(text.text)
+      const message =
+        why === "upstream_timeout"
+          ? "The request reached its running-time limit after the stream started."
+          : why === "halted"
+            ? HALTED
+            : `The request was ended: ${why.revoked.message}`
+      const opening = takeOpening(offs)
+      // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
+      res.end(
+        opening +
+          SseEncoder.encodeData(
+            streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
+          ),
+      )
+      return
+    }
+    if (outcome.started) outcome.completionTokens = Tokens.count(text.text)
+    const rendered = renderError(
+      why === "upstream_timeout"
+        ? timedOut()
+        : why === "halted"
+          ? new UpstreamError({ message: HALTED })
+          : why.revoked,
+      requestId,
+    )
+    res.writeHead(rendered.status, {
+      ...rendered.headers,
+      "content-length": String(Buffer.byteLength(rendered.body)),
+    })
+    res.end(rendered.body)
   }
-  outcome.finishReason = finished.right
-  const completionTokens = Tokens.count(text.text)
-  outcome.completionTokens = completionTokens
-  let tail = chunk("{}", `"${finished.right}"`)
-  if (request.includeUsage) {
-    tail += SseEncoder.encodeData(`${head}],"usage":${usageJson(request.promptTokens, completionTokens)}}`)
-  }
-  res.end(opened() + tail + SseEncoder.DONE)
-  outcome.status = "completed"
+
+  // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
+  Finalizers.addNow(scope, () => {
+    cancelDeadline()
+    offs.halt?.()
+    offs.keepAlive?.()
+    offRevocation?.()
+    if (stopped !== undefined) writeStopped(stopped)
+    // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
+    else if (outcome.started && outcome.status === "pending")
+      outcome.completionTokens = Tokens.count(text.text)
+  })
+  return { scope, res, requestId, request, outcome, hooks, config, text, id, created, stop, offs }
 }
 
 /**
@@ -470,96 +642,77 @@ export const respondIn = (
     const context = fiber.currentContext
     const dispatcher = Context.unsafeGet(context, Dispatcher.Dispatcher)
     const config = Context.unsafeGet(context, GatewayConfig)
-    const startedAt = Date.now()
-    const created = Math.floor(startedAt / 1000)
-    const id = completionId(requestId)
-    const text = new CappedText(request.maxTokens)
-    let stopped: Stop | undefined
-    const offs: AnswerOffs = { halt: undefined, keepAlive: undefined, opening: "" }
-    let offRevocation: (() => void) | undefined
-    const stop = (why: Stop) => {
-      if (stopped !== undefined || outcome.status !== "pending") return
-      stopped = why
-      outcome.status = why === "upstream_timeout" ? "upstream_timeout" : "upstream_error"
-      fiber.unsafeInterruptAsFork(FiberId.none)
-    }
-    const cancelDeadline = Timers.deadline(request.preset.timeoutMillis, () => stop("upstream_timeout"))
-    if (hooks.onRevocation !== undefined)
-      offRevocation = hooks.onRevocation((error) => stop({ revoked: error }))
+    const answer = prepare(scope, res, requestId, request, outcome, hooks, config, () =>
+      fiber.unsafeInterruptAsFork(FiberId.none),
+    )
+    const running = dispatcher.runIn(scope, request.preset, nodeRequestOf(requestId, request))
+    return Effect.gen(() => answerBody(answer, running))
+  })
 
-    /** The answer of a stopped request, written once its fiber was interrupted. */
-    const writeStopped = (why: Stop) => {
-      hooks.onStopped?.(
-        why === "upstream_timeout"
-          ? "upstream_timeout"
-          : typeof why === "object" && !outcome.headersSent
-            ? why.revoked._tag === "ValidationFailed"
-              ? "validation_failed"
-              : why.revoked.code
-            : "upstream_error",
-      )
-      if (res.writableEnded || res.destroyed) return
-      if (outcome.headersSent) {
-        outcome.completionTokens = Tokens.count(text.text)
-        const message =
-          why === "upstream_timeout"
-            ? "The request reached its running-time limit after the stream started."
-            : why === "halted"
-              ? HALTED
-              : `The request was ended: ${why.revoked.message}`
-        const opening = takeOpening(offs)
-        // Spec §6: a failure after the stream started is the last event, code upstream_error, no [DONE].
-        res.end(
-          opening +
-            SseEncoder.encodeData(
-              streamErrorEvent({ message, type: "server_error", code: "upstream_error" }, requestId),
-            ),
-        )
+/**
+ * `respondIn` by plain calls from code running on `fiber` (with
+ * `runtimeFlags`), for a caller that waits once for the whole request:
+ * `done` gets `Exit.void` (or the failure) when the answer ran without a wait
+ * in Effect — a run begun by plain calls (`Dispatcher.beginIn`) and read by
+ * callback, its first token counted by plain calls — else the Effect that
+ * goes on from where the plain calls stopped. Called once, perhaps before
+ * this returns; never once `scope` closed.
+ */
+export const respondNow = (
+  scope: Scope.Scope,
+  res: ServerResponse,
+  requestId: string,
+  request: NormalizedRequest,
+  outcome: Outcome,
+  hooks: RespondHooks,
+  dispatcher: Dispatcher.DispatcherShape,
+  config: GatewayConfigShape,
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  runtimeFlags: RuntimeFlags.RuntimeFlags,
+  done: (result: Effect.Effect<void, RunError>) => void,
+): void => {
+  let closed = false
+  // What a callback finds once the request ended: nothing left to do.
+  Finalizers.addNow(scope, () => {
+    closed = true
+  })
+  const answer = prepare(scope, res, requestId, request, outcome, hooks, config, () =>
+    fiber.unsafeInterruptAsFork(FiberId.none),
+  )
+  /** A callback's work, its throw a defect of the request (not of the event loop). */
+  const guarded = (work: () => void) => {
+    if (closed) return
+    try {
+      work()
+    } catch (thrown) {
+      done(Effect.die(thrown))
+    }
+  }
+  const begun = (result: Effect.Effect<Dispatcher.NodeRun, RunError>) =>
+    guarded(() => {
+      if (!Exit.isExit(result)) {
+        done(Effect.gen(() => answerBody(answer, result)))
         return
       }
-      if (outcome.started) outcome.completionTokens = Tokens.count(text.text)
-      const rendered = renderError(
-        why === "upstream_timeout"
-          ? timedOut()
-          : why === "halted"
-            ? new UpstreamError({ message: HALTED })
-            : why.revoked,
-        requestId,
-      )
-      res.writeHead(rendered.status, {
-        ...rendered.headers,
-        "content-length": String(Buffer.byteLength(rendered.body)),
-      })
-      res.end(rendered.body)
-    }
-
-    // A plain cleanup of the scope: no fiber-ref diff and patch, no Effect step per request.
-    Finalizers.addNow(scope, () => {
-      cancelDeadline()
-      offs.halt?.()
-      offs.keepAlive?.()
-      offRevocation?.()
-      if (stopped !== undefined) writeStopped(stopped)
-      // Cut short (disconnect, interruption): what was sent is counted now, before billing settles it.
-      else if (outcome.started && outcome.status === "pending")
-        outcome.completionTokens = Tokens.count(text.text)
-    })
-
-    return Effect.gen(() =>
-      answerBody(
-        res,
-        requestId,
-        request,
-        outcome,
-        hooks,
-        dispatcher,
-        config,
-        text,
-        id,
-        created,
-        stop,
-        offs,
+      const exit = result as Exit.Exit<Dispatcher.NodeRun, RunError>
+      if (Exit.isFailure(exit)) {
+        done(exit)
+        return
+      }
+      const run = exit.value
+      const ran = started(answer, run)
+      const next = run.next
+      if (ran !== undefined || next === undefined) {
+        done(Effect.gen(() => answerRunBody(answer, run, ran)))
+        return
+      }
+      const reading = open(answer)
+      const ended = (finished: Exit.Exit<FinishReason, UpstreamError>) =>
+        guarded(() => done(reading.finish(finished)))
+      Finalizers.addNow(
         scope,
-      ),
-    )
-  })
+        pushEventsNow(next, answer.text, res, reading.onText, reading.onStarted, ended),
+      )
+    })
+  dispatcher.beginIn(scope, fiber, runtimeFlags, request.preset, nodeRequestOf(requestId, request), begun)
+}

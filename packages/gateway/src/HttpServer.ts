@@ -34,13 +34,23 @@ import {
   HashSet,
   Option,
   Runtime,
+  type RuntimeFlags,
   Scope,
 } from "effect"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
 import * as HeapPolicy from "./HeapPolicy"
-import { closeAfterUnreadBody, empty, isJsonContentType, readJson, sendError, sendJson } from "./HttpIo"
+import {
+  closeAfterUnreadBody,
+  empty,
+  isJsonContentType,
+  listenBody,
+  parseJson,
+  readJson,
+  sendError,
+  sendJson,
+} from "./HttpIo"
 import { onClientError, onConnect, onUnmetExpectation } from "./internal/ClientErrors"
 import * as Limits from "./Limits"
 import * as Models from "./Models"
@@ -125,51 +135,171 @@ interface EdgeRequest {
  */
 function* chatCompletionBody(edge: EdgeRequest) {
   const { req, res, services } = edge
-  const { config, dispatcher } = services
   const principal = yield* authenticate(services.apiKeys, req)
   Operations.notePrincipal(res, principal)
-  if (!isJsonContentType(req.headers["content-type"])) {
-    return yield* new UnsupportedMediaType({ message: "Content-Type must be application/json." })
-  }
-  const json = yield* readJson(req, config, edge.startedAt, edge.scope)
-  const decoded = decodeChatCompletionRequest(json)
-  if (Either.isLeft(decoded)) return yield* decoded.left
-  const request = yield* normalize(
-    decoded.right,
-    json as Record<string, unknown>,
-    (id) => presetView(dispatcher, id),
-    config.maxImageBytes,
-    principal.account.id,
-  )
+  if (!isJsonContentType(req.headers["content-type"])) return yield* unsupportedMediaType()
+  const json = yield* readJson(req, services.config, edge.startedAt, edge.scope)
+  const request = yield* requestOf(json, services, principal)
   Operations.noteRequest(res, request)
   // In the request's scope (made by the listener): it closes when the request's fiber ends.
   yield* serve(edge, principal, request)
 }
 
+/** The general path: every step the Effect way (a key the cache does not know, tests of it). */
 const chatCompletion = (edge: EdgeRequest) => Effect.gen(() => chatCompletionBody(edge))
+
+const unsupportedMediaType = () =>
+  Either.left(new UnsupportedMediaType({ message: "Content-Type must be application/json." }))
+
+/** The body's JSON decoded and normalised: the request, or its 400/404/413/422. */
+const requestOf = (
+  json: unknown,
+  services: RequestServices,
+  principal: Principal,
+): Either.Either<NormalizedRequest, ApiError> => {
+  const decoded = decodeChatCompletionRequest(json)
+  if (Either.isLeft(decoded)) return Either.left(decoded.left)
+  return normalize(
+    decoded.right,
+    json as Record<string, unknown>,
+    (id) => presetView(services.dispatcher, id),
+    services.config.maxImageBytes,
+    principal.account.id,
+  )
+}
+
+/**
+ * The chat completion by plain calls on the request's fiber, which waits
+ * once, for the whole request: the key decided by the cache, the body by
+ * callback, decode and policy, admission and hold in memory, the run begun
+ * and read by callback. Where a step needs Effect (a key to look up, a
+ * queue, Redis, no node free now, a failed or late attempt, a run read by
+ * `pull`), the wait ends with the Effect that goes on from there, each step
+ * the same code as the general path's. The same refusals, in the same order.
+ */
+const chatCompletionNow = (edge: EdgeRequest): Effect.Effect<void, unknown, GatewayServices> =>
+  Effect.withFiberRuntime((fiber, status) => {
+    const { req, res, services } = edge
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    const authenticated = services.apiKeys.authenticateNow(
+      req.headers.authorization,
+      clock.unsafeCurrentTimeMillis(),
+    )
+    if (authenticated === undefined) return chatCompletion(edge)
+    if (Either.isLeft(authenticated)) return authenticated
+    const principal = authenticated.right
+    Operations.notePrincipal(res, principal)
+    if (!isJsonContentType(req.headers["content-type"])) return unsupportedMediaType()
+    return Finalizers.asyncIn<void, unknown, GatewayServices>(edge.scope, (resume) => {
+      let over = false
+      const done = (result: Effect.Effect<void, unknown, GatewayServices>) => {
+        if (over) return
+        over = true
+        resume(result)
+      }
+      const cleanup = listenBody(req, services.config, edge.startedAt, parseJson, (body) => {
+        if (over) return
+        try {
+          if (Exit.isFailure(body)) return done(body)
+          const request = requestOf(body.value, services, principal)
+          if (Either.isLeft(request)) return done(request)
+          Operations.noteRequest(res, request.right)
+          serveNow(edge, principal, request.right, fiber, status.runtimeFlags, done)
+        } catch (thrown) {
+          // A throw is the request's defect (as in the general path), never the event loop's.
+          done(Effect.die(thrown))
+        }
+      })
+      return () => {
+        over = true
+        cleanup?.()
+      }
+    })
+  })
+
+/** What a request being served starts with: its outcome, and its gauges (ended with its scope). */
+const startServing = (edge: EdgeRequest) => {
+  const outcome = ChatCompletions.newOutcome()
+  const gauges = Operations.gauges(edge.res)
+  gauges.waiting()
+  // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
+  Finalizers.addNow(edge.scope, gauges.finished)
+  return { outcome, gauges }
+}
+
+/** Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay. */
+const servedFor = (request: NormalizedRequest, hold: BillingService.Hold): NormalizedRequest =>
+  hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
+
+const hooksFor = (edge: EdgeRequest, principal: Principal, permit: Quota.Permit) => ({
+  ...Operations.respondHooks(edge.res, permit),
+  onRevocation: revocation(edge, principal),
+})
 
 /**
  * Admission, the hold and the answer, in one scope: the node stream, the
  * permit and the hold are released there, whatever ends the request.
  */
 function* serveBody(edge: EdgeRequest, principal: Principal, request: NormalizedRequest) {
-  const { res, requestId } = edge
-  const outcome = ChatCompletions.newOutcome()
-  const gauges = Operations.gauges(res)
-  gauges.waiting()
-  // A plain cleanup: it shares one scope finalizer with the permit's, the hold's and the answer's.
-  Finalizers.addNow(edge.scope, gauges.finished)
-  const { permit, hold } = yield* admitAndHold(edge, principal, request, outcome, gauges)
-  // Spec §5.7: when the limits leave less than the worst case, the completion is capped at what they pay.
-  const served = hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
-  yield* ChatCompletions.respondIn(edge.scope, res, requestId, served, outcome, {
-    ...Operations.respondHooks(res, permit),
-    onRevocation: revocation(edge, principal),
-  })
+  const { outcome, gauges } = startServing(edge)
+  const admitted = yield* admitAndHold(edge, principal, request, outcome, gauges)
+  yield* respondAdmitted(edge, principal, request, outcome, admitted)
 }
 
 const serve = (edge: EdgeRequest, principal: Principal, request: NormalizedRequest) =>
   Effect.gen(() => serveBody(edge, principal, request))
+
+const respondAdmitted = (
+  edge: EdgeRequest,
+  principal: Principal,
+  request: NormalizedRequest,
+  outcome: ChatCompletions.Outcome,
+  { permit, hold }: Admitted,
+) =>
+  ChatCompletions.respondIn(
+    edge.scope,
+    edge.res,
+    edge.requestId,
+    servedFor(request, hold),
+    outcome,
+    hooksFor(edge, principal, permit),
+  )
+
+/** `serve` by plain calls (see `chatCompletionNow`): `done` gets the rest, or how it ended. */
+const serveNow = (
+  edge: EdgeRequest,
+  principal: Principal,
+  request: NormalizedRequest,
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  runtimeFlags: RuntimeFlags.RuntimeFlags,
+  done: (result: Effect.Effect<void, unknown, GatewayServices>) => void,
+) => {
+  const { outcome, gauges } = startServing(edge)
+  const admitted = admitAndHoldWith(edge, principal, request, outcome, gauges, fiber)
+  if (!Either.isEither(admitted)) {
+    done(Effect.flatMap(admitted, (both) => respondAdmitted(edge, principal, request, outcome, both)))
+    return
+  }
+  if (Either.isLeft(admitted)) {
+    done(admitted)
+    return
+  }
+  const { permit, hold } = admitted.right
+  const { services } = edge
+  ChatCompletions.respondNow(
+    edge.scope,
+    edge.res,
+    edge.requestId,
+    servedFor(request, hold),
+    outcome,
+    hooksFor(edge, principal, permit),
+    services.dispatcher,
+    services.config,
+    fiber,
+    runtimeFlags,
+    done,
+  )
+}
 
 /**
  * The permit, then the hold — in that order where both decide in memory, and
@@ -185,100 +315,113 @@ const serve = (edge: EdgeRequest, principal: Principal, request: NormalizedReque
  * from `outcome` (or voided), when `scope` closes: rate and quota units are
  * refunded unless generation started.
  */
+type Admitted = { readonly permit: Quota.Permit; readonly hold: BillingService.Hold }
+type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
+
 const admitAndHold = (
   edge: EdgeRequest,
   principal: Principal,
   request: NormalizedRequest,
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
-) =>
-  Effect.withFiberRuntime<
-    { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
-    Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal,
-    Quota.Quota | BillingService.Billing | Limits.LimitsConfig
-  >((fiber) => {
-    const { res, requestId, services, scope } = edge
-    const context = fiber.currentContext
-    const quota = Context.unsafeGet(context, Quota.Quota)
-    const billing = Context.unsafeGet(context, BillingService.Billing)
-    const model = request.preset.id
-    const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
-    const onSettled = (settlement: BillingService.Settlement, entry: Ledger.UsageEntry | undefined) =>
-      Operations.noteSettled(res, settlement, entry)
-    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    const admission = Limits.admitRequest(principal, model, services.limits)
-    /** The hold, once admitted: by plain calls where the book decides at once, else its Effect path. */
-    const holdFor = (permit: Quota.Permit) => {
-      gauges.admitted()
-      const input = Billing.reserveInput(principal, requestId, request, waitMillis)
-      const held = Billing.holdNow(billing, scope, clock, input, outcome, onSettled)
-      if (held !== undefined) return Either.map(held, (hold) => ({ permit, hold }))
-      return Effect.map(Billing.holdWaiting(billing, scope, input, outcome, onSettled), (hold) => ({
-        permit,
-        hold,
-      }))
+): Effect.Effect<Admitted, AdmissionError, Quota.Quota | BillingService.Billing> =>
+  Effect.withFiberRuntime((fiber) => admitAndHoldWith(edge, principal, request, outcome, gauges, fiber))
+
+/**
+ * `admitAndHold` by plain calls from code running on `fiber`: an `Either`
+ * where both decided in memory (an Either is an Effect too), else the
+ * Effect that waits for them.
+ */
+const admitAndHoldWith = (
+  edge: EdgeRequest,
+  principal: Principal,
+  request: NormalizedRequest,
+  outcome: ChatCompletions.Outcome,
+  gauges: Operations.Gauges,
+  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+): Either.Either<Admitted, AdmissionError> | Effect.Effect<Admitted, AdmissionError> => {
+  const { res, requestId, services, scope } = edge
+  const context = fiber.currentContext
+  const quota = Context.unsafeGet(context, Quota.Quota)
+  const billing = Context.unsafeGet(context, BillingService.Billing)
+  const model = request.preset.id
+  const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
+  const onSettled = (settlement: BillingService.Settlement, entry: Ledger.UsageEntry | undefined) =>
+    Operations.noteSettled(res, settlement, entry)
+  const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+  const admission = Limits.admitRequest(principal, model, services.limits)
+  /** The hold, once admitted: by plain calls where the book decides at once, else its Effect path. */
+  const holdFor = (permit: Quota.Permit) => {
+    gauges.admitted()
+    const input = Billing.reserveInput(principal, requestId, request, waitMillis)
+    const held = Billing.holdNow(billing, scope, clock, input, outcome, onSettled)
+    if (held !== undefined) return Either.map(held, (hold) => ({ permit, hold }))
+    return Effect.map(Billing.holdWaiting(billing, scope, input, outcome, onSettled), (hold) => ({
+      permit,
+      hold,
+    }))
+  }
+  const admitted = Limits.admitNow(res, quota, admission, outcome, scope, clock)
+  if (admitted !== undefined) {
+    if (Either.isLeft(admitted)) {
+      gauges.refused()
+      return Either.left(admitted.left)
     }
-    const admitted = Limits.admitNow(res, quota, admission, outcome, scope, clock)
-    if (admitted !== undefined) {
-      if (Either.isLeft(admitted)) {
-        gauges.refused()
-        return Either.left(admitted.left)
-      }
-      return holdFor(admitted.right)
-    }
-    const admitSent = quota.admitSent
-    const reserveSent = billing.reserveSent
-    if (admitSent === undefined || reserveSent === undefined) {
-      const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome, scope), () =>
-        Effect.sync(gauges.refused),
-      )
-      return Effect.flatMap(admitting, holdFor)
-    }
-    // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
-    // The hold is placed before a queue wait for a slot, so it lives that much longer.
-    const queueWait = admission.limits.concurrency?.maxWaitMillis ?? 0
-    const input = Billing.reserveInput(principal, requestId, request, waitMillis, queueWait)
-    const admittingSent = admitSent(admission, clock)
-    let permitted = false
-    let holding: BillingService.HoldSent | undefined
-    // In place before anything else can happen (the hold's send included): whatever happens next,
-    // both are undone or resolved — in one write too, and each even if the other dies.
-    Finalizers.addFinalizerNow(scope, (exit) =>
-      bothRun(
-        () => Limits.releaseSent(res, admittingSent, outcome, permitted),
-        () =>
-          holding === undefined
-            ? Effect.void
-            : Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
-      ),
+    return holdFor(admitted.right)
+  }
+  const admitSent = quota.admitSent
+  const reserveSent = billing.reserveSent
+  if (admitSent === undefined || reserveSent === undefined) {
+    const admitting = Effect.tapError(Limits.admitWaiting(res, quota, admission, outcome, scope), () =>
+      Effect.sync(gauges.refused),
     )
-    holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
-    const held = holding
-    // The admission's refusal wins over the hold's: it is read first.
-    return Effect.matchEffect(admittingSent.admission, {
-      onFailure: (error) => {
+    return Effect.flatMap(admitting, holdFor)
+  }
+  // Both sent in this synchronous run: the admission's and the hold's scripts leave in one write.
+  // The hold is placed before a queue wait for a slot, so it lives that much longer.
+  const queueWait = admission.limits.concurrency?.maxWaitMillis ?? 0
+  const input = Billing.reserveInput(principal, requestId, request, waitMillis, queueWait)
+  const admittingSent = admitSent(admission, clock)
+  let permitted = false
+  let holding: BillingService.HoldSent | undefined
+  // In place before anything else can happen (the hold's send included): whatever happens next,
+  // both are undone or resolved — in one write too, and each even if the other dies.
+  Finalizers.addFinalizerNow(scope, (exit) =>
+    bothRun(
+      () => Limits.releaseSent(res, admittingSent, outcome, permitted),
+      () =>
+        holding === undefined
+          ? Effect.void
+          : Billing.resolveSent(holding, outcome, exit, clock.unsafeCurrentTimeMillis(), onSettled),
+    ),
+  )
+  holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
+  const held = holding
+  // The admission's refusal wins over the hold's: it is read first.
+  return Effect.matchEffect(admittingSent.admission, {
+    onFailure: (error) => {
+      gauges.refused()
+      return Effect.fail(error)
+    },
+    onSuccess: (
+      decided,
+    ): Effect.Effect<
+      { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
+      Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
+    > => {
+      if (decided._tag === "Refused") {
+        Limits.setRateHeaders(res, decided.rates)
         gauges.refused()
-        return Effect.fail(error)
-      },
-      onSuccess: (
-        decided,
-      ): Effect.Effect<
-        { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
-        Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
-      > => {
-        if (decided._tag === "Refused") {
-          Limits.setRateHeaders(res, decided.rates)
-          gauges.refused()
-          return Effect.fail(decided.error)
-        }
-        permitted = true
-        const { permit } = decided
-        Limits.setRateHeaders(res, permit.rates)
-        gauges.admitted()
-        return Effect.map(Billing.heldSent(held), (hold) => ({ permit, hold }))
-      },
-    })
+        return Effect.fail(decided.error)
+      }
+      permitted = true
+      const { permit } = decided
+      Limits.setRateHeaders(res, permit.rates)
+      gauges.admitted()
+      return Effect.map(Billing.heldSent(held), (hold) => ({ permit, hold }))
+    },
   })
+}
 
 /**
  * Both Effects made and run, each even if the other's making threw or its
@@ -344,7 +487,7 @@ const route = (edge: EdgeRequest, side: SideRoutes.SideRoutesShape | undefined):
   const method = req.method ?? "GET"
   if (path === "/v1/chat/completions") {
     return method === "POST"
-      ? { _tag: "Run", effect: chatCompletion(edge) }
+      ? { _tag: "Run", effect: chatCompletionNow(edge) }
       : { _tag: "Empty", status: 405, allow: "POST" }
   }
   if (path === "/v1/models") {
