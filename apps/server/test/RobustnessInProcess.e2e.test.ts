@@ -334,3 +334,62 @@ describe("SSE backpressure", () => {
     client.serverSide.destroy()
   }, 40_000)
 })
+
+/**
+ * The common chat completion runs on no fiber (HttpServer's `PlainRun`) once
+ * its key is cached: the client going away must still reach everything it
+ * acquired, through the plain run's own interruption.
+ */
+describe("the common chat completion, run by plain calls", () => {
+  it("a client gone mid-stream: the node stopped, its slot and hold released, what was sent charged", async () => {
+    const account = await admin<{ id: string }>("POST", "/accounts", { name: "plain", balance_usd: 100 })
+    const key = (await admin<{ key: string }>("POST", `/accounts/${account.id}/keys`, {})).key
+    const ask = (stream: boolean, maxTokens: number, signal?: AbortSignal) =>
+      fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "swarm-prime",
+          stream,
+          max_tokens: maxTokens,
+          messages: [{ role: "user", content: "Hi" }],
+        }),
+        ...(signal === undefined ? {} : { signal }),
+      })
+    // The first request looks the key up; from the second on it is cached, and the plain path runs.
+    const warm = await ask(false, 4)
+    expect(warm.status).toBe(200)
+    await warm.json()
+    const money = async () => {
+      const found = await admin<{ balance_usd: number; held_usd: number }>("GET", `/accounts/${account.id}`)
+      return { balance: found.balance_usd, held: found.held_usd }
+    }
+    const before = await money()
+    expect(before.held).toBe(0)
+
+    const controller = new AbortController()
+    const response = await ask(true, 4_000, controller.signal)
+    expect(response.status).toBe(200)
+    const reader = response.body!.getReader()
+    const decoder = new TextDecoder()
+    let text = ""
+    while (!text.includes('"content":" a"')) text += decoder.decode((await reader.read()).value)
+    controller.abort()
+
+    const until = Date.now() + 10_000
+    const settled = async () => {
+      const nodes = await admin<{ data: ReadonlyArray<{ id: string; in_flight: number }> }>("GET", "/nodes")
+      const now = await money()
+      return node.aborted && nodes.data.every((n) => n.in_flight === 0) && now.held === 0 ? now : undefined
+    }
+    let after = await settled()
+    while (after === undefined && Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 50))
+      after = await settled()
+    }
+    expect(after).toBeDefined()
+    expect(node.finished).toBe(false)
+    // Generation started: charged (for what went out), the hold resolved.
+    expect(after!.balance).toBeLessThan(before.balance)
+  }, 30_000)
+})

@@ -17,13 +17,14 @@ import {
   Exit,
   type Fiber,
   FiberId,
-  type FiberRefs,
+  FiberRefs,
   Option,
   Random,
   Runtime,
   type RuntimeFlags,
   Scope,
 } from "effect"
+import * as DefaultServices from "effect/DefaultServices"
 import * as Finalizers from "./Finalizers"
 import { type Entry, type NodePool, openOn, type Slot } from "./NodePool"
 import { type NodeEvent, NodeFailure, type NodeNext, type NodePull, type NodeRequest } from "./NodeTransport"
@@ -138,6 +139,46 @@ export const sourcesOf = (
     fiber.currentContext as Context.Context<never>,
     runtimeFlags,
   )
+}
+
+/** A runtime's clock and draws, read once per runtime (its default services do not change). */
+interface Basis {
+  readonly clock: Clock.Clock
+  readonly draw: () => number
+  readonly now: () => number
+}
+
+const bases = new WeakMap<Runtime.Runtime<never>, Basis>()
+
+class RuntimeSources implements Sources {
+  readonly clock: Clock.Clock
+  readonly draw: () => number
+  readonly now: () => number
+  constructor(
+    readonly scope: Scope.Scope,
+    readonly runtime: Runtime.Runtime<never>,
+    basis: Basis,
+  ) {
+    this.clock = basis.clock
+    this.draw = basis.draw
+    this.now = basis.now
+  }
+}
+
+/** Sources for code running on no fiber (the gateway's plain request): `runtime`'s services, `scope` given. */
+export const sourcesOfRuntime = (scope: Scope.Scope, runtime: Runtime.Runtime<never>): Sources => {
+  let basis = bases.get(runtime)
+  if (basis === undefined) {
+    const services = FiberRefs.getOrDefault(runtime.fiberRefs, DefaultServices.currentServices)
+    const clock = Context.get(services, Clock.Clock)
+    basis = {
+      clock,
+      draw: drawFrom(Context.get(services, Random.Random)),
+      now: () => clock.unsafeCurrentTimeMillis(),
+    }
+    bases.set(runtime, basis)
+  }
+  return new RuntimeSources(scope, runtime, basis)
 }
 
 /** The fiber's sources, the request's scope given (the gateway keeps it out of the fiber's context). */

@@ -11,7 +11,7 @@
  * Every slot on a node is held in the caller's scope and released exactly once.
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { Clock, Context, Effect, type Fiber, Layer, type RuntimeFlags, Schedule, Scope } from "effect"
+import { Clock, Context, Effect, Layer, type Runtime, Schedule, Scope } from "effect"
 import { defaultHealthOptions, type HealthOptions } from "./NodeHealth"
 import { httpNode, NodePool, type NodeStatus, type RegisterResult } from "./NodePool"
 import type { NodeSpec } from "./NodesFile"
@@ -81,16 +81,16 @@ export interface DispatcherShape {
     request: Omit<NodeRequest, "model">,
   ) => Effect.Effect<NodeRun, CapacityExhausted | UpstreamError>
   /**
-   * `runIn` begun by plain calls from code running on `fiber` (with
-   * `runtimeFlags`): `done` gets the run as an `Exit` when it came without a
-   * wait in Effect (the single strategy on a node free now and started by
-   * callback), else the Effect that goes on. Called once, perhaps before
-   * this returns.
+   * `runIn` begun by plain calls, on no fiber: `done` gets the run as an
+   * `Exit` when it came without a wait in Effect (the single strategy on a
+   * node free now and started by callback), else the Effect that goes on.
+   * Called once, perhaps before this returns. `runtime` gives the clock and
+   * draws, and runs what needs a fiber (a node opened by Effect, an alarm on
+   * a test clock).
    */
   readonly beginIn: (
     scope: Scope.Scope,
-    fiber: Fiber.RuntimeFiber<unknown, unknown>,
-    runtimeFlags: RuntimeFlags.RuntimeFlags,
+    runtime: Runtime.Runtime<never>,
     preset: Preset,
     request: Omit<NodeRequest, "model">,
     done: Begun,
@@ -153,9 +153,9 @@ export const make = (
     inFlight: (nodeId) => pool.entries.get(nodeId)?.inFlight ?? 0,
     run: (preset, request) => Effect.flatMap(Effect.scope, (scope) => runIn(scope, preset, request)),
     runIn,
-    beginIn: (scope, fiber, runtimeFlags, preset, request, done) => {
+    beginIn: (scope, runtime, preset, request, done) => {
       if (preset.strategy === "consensus") done(runIn(scope, preset, request))
-      else beginSingle(ctx, preset, request, scope, fiber, runtimeFlags, done)
+      else beginSingle(ctx, preset, request, scope, runtime, done)
     },
     status: Effect.map(Clock.currentTimeMillis, (now) =>
       [...pool.entries.values()].map((e) => pool.statusOf(e, now)),

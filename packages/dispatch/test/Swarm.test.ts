@@ -697,13 +697,10 @@ describe("beginIn: the single strategy by plain calls, the Effect loop where it 
   const begin = (dispatcher: Dispatcher.DispatcherShape) =>
     Effect.gen(function* () {
       const scope = yield* Scope.make()
-      const begun = yield* Effect.withFiberRuntime<Effect.Effect<Dispatcher.NodeRun, unknown>>(
-        (fiber, status) =>
-          Effect.async((resume) =>
-            dispatcher.beginIn(scope, fiber, status.runtimeFlags, prime, request, (result) =>
-              resume(Effect.succeed(result)),
-            ),
-          ),
+      // On no fiber, as the gateway's plain request begins it: the runtime only gives the services.
+      const runtime = yield* Effect.runtime<never>()
+      const begun = yield* Effect.async<Effect.Effect<Dispatcher.NodeRun, unknown>>((resume) =>
+        dispatcher.beginIn(scope, runtime, prime, request, (result) => resume(Effect.succeed(result))),
       )
       const result = yield* Effect.either(begun)
       if (Either.isLeft(result)) {

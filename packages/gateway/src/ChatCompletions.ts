@@ -33,10 +33,9 @@ import {
   Effect,
   Either,
   Exit,
-  type Fiber,
   FiberId,
   Option,
-  type RuntimeFlags,
+  type Runtime,
   type Scope,
 } from "effect"
 import { constVoid } from "effect/Function"
@@ -650,13 +649,14 @@ export const respondIn = (
   })
 
 /**
- * `respondIn` by plain calls from code running on `fiber` (with
- * `runtimeFlags`), for a caller that waits once for the whole request:
- * `done` gets `Exit.void` (or the failure) when the answer ran without a wait
- * in Effect — a run begun by plain calls (`Dispatcher.beginIn`) and read by
- * callback, its first token counted by plain calls — else the Effect that
- * goes on from where the plain calls stopped. Called once, perhaps before
- * this returns; never once `scope` closed.
+ * `respondIn` by plain calls, on no fiber: `done` gets `Exit.void` (or the
+ * failure) when the answer ran without a wait in Effect — a run begun by
+ * plain calls (`Dispatcher.beginIn`) and read by callback, its first token
+ * counted by plain calls — else the Effect that goes on from where the plain
+ * calls stopped. Called once, perhaps before this returns; never once
+ * `scope` closed. `interrupt` ends the request (a stop: the running-time
+ * limit, the drain, a revocation); `runtime` gives the dispatcher its
+ * services.
  */
 export const respondNow = (
   scope: Scope.Scope,
@@ -667,8 +667,8 @@ export const respondNow = (
   hooks: RespondHooks,
   dispatcher: Dispatcher.DispatcherShape,
   config: GatewayConfigShape,
-  fiber: Fiber.RuntimeFiber<unknown, unknown>,
-  runtimeFlags: RuntimeFlags.RuntimeFlags,
+  runtime: Runtime.Runtime<never>,
+  interrupt: () => void,
   done: (result: Effect.Effect<void, RunError>) => void,
 ): void => {
   let closed = false
@@ -676,16 +676,14 @@ export const respondNow = (
   Finalizers.addNow(scope, () => {
     closed = true
   })
-  const answer = prepare(scope, res, requestId, request, outcome, hooks, config, () =>
-    fiber.unsafeInterruptAsFork(FiberId.none),
-  )
+  const answer = prepare(scope, res, requestId, request, outcome, hooks, config, interrupt)
   /** A callback's work, its throw a defect of the request (not of the event loop). */
   const guarded = (work: () => void) => {
     if (closed) return
     try {
       work()
     } catch (thrown) {
-      done(Effect.die(thrown))
+      done(Exit.die(thrown))
     }
   }
   const begun = (result: Effect.Effect<Dispatcher.NodeRun, RunError>) =>
@@ -714,5 +712,5 @@ export const respondNow = (
         pushEventsNow(next, answer.text, res, reading.onText, reading.onStarted, ended),
       )
     })
-  dispatcher.beginIn(scope, fiber, runtimeFlags, request.preset, nodeRequestOf(requestId, request), begun)
+  dispatcher.beginIn(scope, runtime, request.preset, nodeRequestOf(requestId, request), begun)
 }

@@ -21,6 +21,7 @@ import { LinkedSet, renderError, ServerDraining, streamErrorEvent } from "@swarm
 import { SseEncoder } from "@swarmgate/sse"
 import { Effect, Fiber } from "effect"
 import { constVoid } from "effect/Function"
+import type { RequestRun } from "./RequestRun"
 
 /** After the deadline, how long failed streams get to write their last event and settle. */
 const HALT_GRACE_MILLIS = 1_000
@@ -56,7 +57,7 @@ export const refuse = (res: ServerResponse, requestId: string) => {
  * measured).
  */
 interface Tracked {
-  readonly fiber: Fiber.RuntimeFiber<unknown, unknown>
+  readonly run: RequestRun
   readonly res: ServerResponse
   readonly requestId: string
   readonly onEnded: (code: string) => void
@@ -75,15 +76,15 @@ export class Drainer {
     return this.running.size
   }
 
-  /** Follows a request's fiber until it exits. `onEnded` hears how the drain ended it, if it did. */
+  /** Follows a request until it ends. `onEnded` hears how the drain ended it, if it did. */
   track(
-    fiber: Fiber.RuntimeFiber<unknown, unknown>,
+    run: RequestRun,
     res: ServerResponse,
     requestId: string,
     onEnded: (code: string) => void = constVoid,
   ) {
-    const link = this.running.add({ fiber, res, requestId, onEnded })
-    fiber.addObserver(() => {
+    const link = this.running.add({ run, res, requestId, onEnded })
+    run.addObserver(() => {
       this.running.remove(link)
       if (this.running.size === 0) for (const wake of this.idleWaiters) wake()
     })
@@ -147,12 +148,8 @@ export class Drainer {
       }
       if (self.inFlight > 0) {
         const left = self.running.values()
-        // The shutdown runs uninterruptibly: only an interruptible wait can be cut by the timeout.
-        yield* Fiber.interruptAll(left.map(({ fiber }) => fiber)).pipe(
-          Effect.interruptible,
-          Effect.timeout(INTERRUPT_GRACE_MILLIS),
-          Effect.ignore,
-        )
+        for (const { run } of left) run.interrupt()
+        yield* self.idle(INTERRUPT_GRACE_MILLIS)
         for (const { res, requestId, onEnded } of left) {
           if (res.writableEnded || res.destroyed) continue
           if (!res.headersSent) {

@@ -31,12 +31,13 @@ import {
   Exit,
   type Fiber,
   FiberId,
+  FiberRefs,
   HashSet,
   Option,
   Runtime,
-  type RuntimeFlags,
   Scope,
 } from "effect"
+import * as DefaultServices from "effect/DefaultServices"
 import * as Billing from "./Billing"
 import * as ChatCompletions from "./ChatCompletions"
 import { GatewayConfig, type GatewayConfigShape } from "./GatewayConfig"
@@ -57,6 +58,7 @@ import * as Models from "./Models"
 import * as Operations from "./Operations"
 import { newRequestId } from "./RequestId"
 import { type NormalizedRequest, normalize, type PresetView } from "./RequestPolicy"
+import * as RequestRun from "./RequestRun"
 import * as SideRoutes from "./SideRoutes"
 
 export type GatewayServices =
@@ -100,8 +102,16 @@ interface RequestServices {
   readonly config: GatewayConfigShape
   readonly dispatcher: Dispatcher.DispatcherShape
   readonly limits: Limits.LimitsConfigShape
+  readonly quota: Quota.QuotaShape
+  readonly billing: BillingService.BillingShape
+  /** The listener's runtime's clock (the plain path reads the time through it, as a fiber would). */
+  readonly clock: Clock.Clock
+  /** The requests' runtime, for code on no fiber (the plain path's dispatch). */
+  readonly runtime: Runtime.Runtime<never>
   /** Runs an effect on the listener's runtime (a key checked again when it changed). */
   readonly runFork: <A, E>(effect: Effect.Effect<A, E, GatewayServices>) => Fiber.RuntimeFiber<A, E>
+  /** Runs a request's effect on the requests' runtime (no `Scope` in its context). */
+  readonly runRequest: <A, E>(effect: Effect.Effect<A, E, GatewayServices>) => Fiber.RuntimeFiber<A, E>
 }
 
 /**
@@ -149,7 +159,7 @@ function* chatCompletionBody(edge: EdgeRequest) {
 const chatCompletion = (edge: EdgeRequest) => Effect.gen(() => chatCompletionBody(edge))
 
 const unsupportedMediaType = () =>
-  Either.left(new UnsupportedMediaType({ message: "Content-Type must be application/json." }))
+  new UnsupportedMediaType({ message: "Content-Type must be application/json." })
 
 /** The body's JSON decoded and normalised: the request, or its 400/404/413/422. */
 const requestOf = (
@@ -169,53 +179,45 @@ const requestOf = (
 }
 
 /**
- * The chat completion by plain calls on the request's fiber, which waits
- * once, for the whole request: the key decided by the cache, the body by
- * callback, decode and policy, admission and hold in memory, the run begun
- * and read by callback. Where a step needs Effect (a key to look up, a
- * queue, Redis, no node free now, a failed or late attempt, a run read by
- * `pull`), the wait ends with the Effect that goes on from there, each step
- * the same code as the general path's. The same refusals, in the same order.
+ * The chat completion by plain calls, on no fiber: the key from the cache,
+ * the body by callback, decode and policy, admission and hold in memory, the
+ * run begun and read by callback, the answer written. Where a step needs
+ * Effect (a key to look up, a queue, Redis, the strategy's loop, a run read
+ * by `pull`), `run.done` gets the Effect that goes on from there — the
+ * general path's own code — and runs it on a fiber. The same refusals, in
+ * the same order.
  */
-const chatCompletionNow = (edge: EdgeRequest): Effect.Effect<void, unknown, GatewayServices> =>
-  Effect.withFiberRuntime((fiber, status) => {
-    const { req, res, services } = edge
-    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
-    const authenticated = services.apiKeys.authenticateNow(
-      req.headers.authorization,
-      clock.unsafeCurrentTimeMillis(),
-    )
-    if (authenticated === undefined) return chatCompletion(edge)
-    if (Either.isLeft(authenticated)) return authenticated
-    const principal = authenticated.right
-    Operations.notePrincipal(res, principal)
-    if (!isJsonContentType(req.headers["content-type"])) return unsupportedMediaType()
-    return Finalizers.asyncIn<void, unknown, GatewayServices>(edge.scope, (resume) => {
-      let over = false
-      const done = (result: Effect.Effect<void, unknown, GatewayServices>) => {
-        if (over) return
-        over = true
-        resume(result)
-      }
-      const cleanup = listenBody(req, services.config, edge.startedAt, parseJson, (body) => {
-        if (over) return
-        try {
-          if (Exit.isFailure(body)) return done(body)
-          const request = requestOf(body.value, services, principal)
-          if (Either.isLeft(request)) return done(request)
-          Operations.noteRequest(res, request.right)
-          serveNow(edge, principal, request.right, fiber, status.runtimeFlags, done)
-        } catch (thrown) {
-          // A throw is the request's defect (as in the general path), never the event loop's.
-          done(Effect.die(thrown))
-        }
-      })
-      return () => {
-        over = true
-        cleanup?.()
-      }
-    })
-  })
+const chatCompletionPlain = (edge: EdgeRequest, run: PlainRun): void => {
+  const { req, res, services } = edge
+  const authenticated = services.apiKeys.authenticateNow(
+    req.headers.authorization,
+    services.clock.unsafeCurrentTimeMillis(),
+  )
+  if (authenticated === undefined) {
+    run.done(chatCompletion(edge))
+    return
+  }
+  if (Either.isLeft(authenticated)) {
+    run.done(Exit.fail(authenticated.left))
+    return
+  }
+  const principal = authenticated.right
+  Operations.notePrincipal(res, principal)
+  if (!isJsonContentType(req.headers["content-type"])) {
+    run.done(Exit.fail(unsupportedMediaType()))
+    return
+  }
+  const cleanup = listenBody(req, services.config, edge.startedAt, parseJson, (body) =>
+    run.guarded(() => {
+      if (Exit.isFailure(body)) return run.done(body)
+      const request = requestOf(body.value, services, principal)
+      if (Either.isLeft(request)) return run.done(Exit.fail(request.left))
+      Operations.noteRequest(res, request.right)
+      serveNow(edge, principal, request.right, run)
+    }),
+  )
+  if (cleanup !== undefined) Finalizers.addNow(edge.scope, cleanup)
+}
 
 /** What a request being served starts with: its outcome, and its gauges (ended with its scope). */
 const startServing = (edge: EdgeRequest) => {
@@ -265,27 +267,29 @@ const respondAdmitted = (
     hooksFor(edge, principal, permit),
   )
 
-/** `serve` by plain calls (see `chatCompletionNow`): `done` gets the rest, or how it ended. */
-const serveNow = (
-  edge: EdgeRequest,
-  principal: Principal,
-  request: NormalizedRequest,
-  fiber: Fiber.RuntimeFiber<unknown, unknown>,
-  runtimeFlags: RuntimeFlags.RuntimeFlags,
-  done: (result: Effect.Effect<void, unknown, GatewayServices>) => void,
-) => {
+/** `serve` by plain calls (see `chatCompletionPlain`): `run.done` gets the rest, or how it ended. */
+const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRequest, run: PlainRun) => {
+  const { services } = edge
   const { outcome, gauges } = startServing(edge)
-  const admitted = admitAndHoldWith(edge, principal, request, outcome, gauges, fiber)
+  const admitted = admitAndHoldWith(
+    edge,
+    principal,
+    request,
+    outcome,
+    gauges,
+    services.quota,
+    services.billing,
+    services.clock,
+  )
   if (!Either.isEither(admitted)) {
-    done(Effect.flatMap(admitted, (both) => respondAdmitted(edge, principal, request, outcome, both)))
+    run.done(Effect.flatMap(admitted, (both) => respondAdmitted(edge, principal, request, outcome, both)))
     return
   }
   if (Either.isLeft(admitted)) {
-    done(admitted)
+    run.done(Exit.fail(admitted.left))
     return
   }
   const { permit, hold } = admitted.right
-  const { services } = edge
   ChatCompletions.respondNow(
     edge.scope,
     edge.res,
@@ -295,9 +299,9 @@ const serveNow = (
     hooksFor(edge, principal, permit),
     services.dispatcher,
     services.config,
-    fiber,
-    runtimeFlags,
-    done,
+    services.runtime,
+    run.interrupt,
+    run.done,
   )
 }
 
@@ -325,10 +329,21 @@ const admitAndHold = (
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
 ): Effect.Effect<Admitted, AdmissionError, Quota.Quota | BillingService.Billing> =>
-  Effect.withFiberRuntime((fiber) => admitAndHoldWith(edge, principal, request, outcome, gauges, fiber))
+  Effect.withFiberRuntime((fiber) =>
+    admitAndHoldWith(
+      edge,
+      principal,
+      request,
+      outcome,
+      gauges,
+      Context.unsafeGet(fiber.currentContext, Quota.Quota),
+      Context.unsafeGet(fiber.currentContext, BillingService.Billing),
+      Context.get(fiber.currentDefaultServices, Clock.Clock),
+    ),
+  )
 
 /**
- * `admitAndHold` by plain calls from code running on `fiber`: an `Either`
+ * `admitAndHold` by plain calls, the services given: an `Either`
  * where both decided in memory (an Either is an Effect too), else the
  * Effect that waits for them.
  */
@@ -338,17 +353,15 @@ const admitAndHoldWith = (
   request: NormalizedRequest,
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
-  fiber: Fiber.RuntimeFiber<unknown, unknown>,
+  quota: Quota.QuotaShape,
+  billing: BillingService.BillingShape,
+  clock: Clock.Clock,
 ): Either.Either<Admitted, AdmissionError> | Effect.Effect<Admitted, AdmissionError> => {
   const { res, requestId, services, scope } = edge
-  const context = fiber.currentContext
-  const quota = Context.unsafeGet(context, Quota.Quota)
-  const billing = Context.unsafeGet(context, BillingService.Billing)
   const model = request.preset.id
   const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
   const onSettled = (settlement: BillingService.Settlement, entry: Ledger.UsageEntry | undefined) =>
     Operations.noteSettled(res, settlement, entry)
-  const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
   const admission = Limits.admitRequest(principal, model, services.limits)
   /** The hold, once admitted: by plain calls where the book decides at once, else its Effect path. */
   const holdFor = (permit: Quota.Permit) => {
@@ -478,6 +491,7 @@ const presetView = (dispatcher: Dispatcher.DispatcherShape, id: string): PresetV
 type Route =
   | SideRoutes.Route
   | { readonly _tag: "Run"; readonly effect: Effect.Effect<unknown, unknown, GatewayServices> }
+  | { readonly _tag: "Plain"; readonly start: (edge: EdgeRequest, run: PlainRun) => void }
 
 const route = (edge: EdgeRequest, side: SideRoutes.SideRoutesShape | undefined): Route => {
   const { req, res, requestId } = edge
@@ -487,7 +501,7 @@ const route = (edge: EdgeRequest, side: SideRoutes.SideRoutesShape | undefined):
   const method = req.method ?? "GET"
   if (path === "/v1/chat/completions") {
     return method === "POST"
-      ? { _tag: "Run", effect: chatCompletionNow(edge) }
+      ? { _tag: "Plain", start: chatCompletionPlain }
       : { _tag: "Empty", status: 405, allow: "POST" }
   }
   if (path === "/v1/models") {
@@ -529,17 +543,90 @@ const finish = (edge: EdgeRequest, exit: Exit.Exit<unknown, unknown>): Effect.Ef
   const closing = Finalizers.closeNow(edge.scope, exit)
   if (closing === Effect.void && Exit.isSuccess(exit)) return Effect.void
   // An interrupted request renders nothing: the client left, or what stopped it answered.
-  return Effect.descriptorWith((fiber) =>
-    Effect.matchCause(closing, {
-      onFailure: (cause) => {
-        if (HashSet.size(fiber.interruptors) === 0)
-          render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause)
-      },
-      onSuccess: () => {
-        if (Exit.isFailure(exit) && HashSet.size(fiber.interruptors) === 0) render(edge, exit.cause)
-      },
-    }),
-  )
+  return Effect.descriptorWith((fiber) => closed(edge, exit, closing, HashSet.size(fiber.interruptors) > 0))
+}
+
+/** `closing` (the scope's close) run, then how the request failed rendered, unless it was interrupted. */
+const closed = (
+  edge: EdgeRequest,
+  exit: Exit.Exit<unknown, unknown>,
+  closing: Effect.Effect<void>,
+  interrupted: boolean,
+): Effect.Effect<void> =>
+  Effect.matchCause(closing, {
+    onFailure: (cause) => {
+      if (!interrupted) render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause)
+    },
+    onSuccess: () => {
+      if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
+    },
+  })
+
+/**
+ * A chat completion run by plain calls (`chatCompletionPlain`) until a step
+ * needs Effect: `done` with an `Exit` ends it here, by plain calls (its
+ * scope closed, a failure rendered); `done` with any other Effect runs that
+ * on a fiber of the requests' runtime, ended by `finish` as every request
+ * is, and the run follows the fiber from then on. What the drain, the
+ * client's close and a stopped answer act on, whichever runs it.
+ */
+class PlainRun implements RequestRun.RequestRun {
+  private observers: Array<() => void> | undefined = []
+  private fiber: Fiber.RuntimeFiber<unknown, unknown> | undefined = undefined
+  private over = false
+
+  constructor(private readonly edge: EdgeRequest) {}
+
+  addObserver(observer: () => void): void {
+    if (this.observers === undefined) observer()
+    else this.observers.push(observer)
+  }
+
+  readonly interrupt = (): void => {
+    if (this.fiber !== undefined) this.fiber.unsafeInterruptAsFork(FiberId.none)
+    else if (!this.over) this.close(Exit.interrupt(FiberId.none), true)
+  }
+
+  readonly done = (result: Effect.Effect<unknown, unknown, GatewayServices>): void => {
+    if (this.over || this.fiber !== undefined) return
+    if (Exit.isExit(result)) {
+      this.close(result, false)
+      return
+    }
+    const edge = this.edge
+    const fiber = edge.services.runRequest(Effect.onExit(result, (exit) => finish(edge, exit)))
+    this.fiber = fiber
+    fiber.addObserver(this.ended)
+  }
+
+  /** A callback's work, unless the request ended; a throw is the request's defect, never the event loop's. */
+  guarded(work: () => void): void {
+    if (this.over || this.fiber !== undefined) return
+    try {
+      work()
+    } catch (thrown) {
+      this.done(Exit.die(thrown))
+    }
+  }
+
+  private close(exit: Exit.Exit<unknown, unknown>, interrupted: boolean): void {
+    this.over = true
+    const { edge } = this
+    const closing = Finalizers.closeNow(edge.scope, exit)
+    if (closing === Effect.void) {
+      if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
+      this.ended()
+      return
+    }
+    // Finalizers of Effect's kind (none on the plain path today): run on a fiber, as `finish` would.
+    edge.services.runRequest(closed(edge, exit, closing, interrupted)).addObserver(this.ended)
+  }
+
+  private readonly ended = (): void => {
+    const observers = this.observers
+    this.observers = undefined
+    if (observers !== undefined) for (const observer of observers) observer()
+  }
 }
 
 /**
@@ -555,16 +642,24 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
   // One runtime for every request. Its scope is not in its context (a copy of the context per
   // request, ~2.5 KB): it is passed down as `edge.scope`, and a read of `Scope` from the context
   // fails loudly instead of finding the server's own.
-  const runRequest = Runtime.runFork(
-    Runtime.make({ context: Context.omit(Scope.Scope)(context) as typeof context, fiberRefs, runtimeFlags }),
-  )
+  const requests = Runtime.make({
+    context: Context.omit(Scope.Scope)(context) as typeof context,
+    fiberRefs,
+    runtimeFlags,
+  })
+  const runRequest = Runtime.runFork(requests)
   const side = Option.getOrUndefined(Context.getOption(runtime.context, SideRoutes.SideRoutes))
   const services: RequestServices = {
     apiKeys: Context.get(context, ApiKeys.ApiKeys),
     config: Context.get(context, GatewayConfig),
     dispatcher: Context.get(context, Dispatcher.Dispatcher),
     limits: Context.get(context, Limits.LimitsConfig),
+    quota: Context.get(context, Quota.Quota),
+    billing: Context.get(context, BillingService.Billing),
+    clock: Context.get(FiberRefs.getOrDefault(fiberRefs, DefaultServices.currentServices), Clock.Clock),
+    runtime: requests as Runtime.Runtime<never>,
     runFork: Runtime.runFork(runtime),
+    runRequest,
   }
   return (req: IncomingMessage, res: ServerResponse) => {
     const startedAt = Date.now()
@@ -610,10 +705,17 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
       closeAfterUnreadBody(req, res)
       return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
     }
-    const fiber = runRequest(Effect.onExit(decided.effect, (exit) => finish(edge, exit)))
-    if (ops !== undefined) Operations.track(ops, fiber, res)
+    let run: RequestRun.RequestRun
+    if (decided._tag === "Plain") {
+      const plain = new PlainRun(edge)
+      run = plain
+      plain.guarded(() => decided.start(edge, plain))
+    } else {
+      run = RequestRun.ofFiber(runRequest(Effect.onExit(decided.effect, (exit) => finish(edge, exit))))
+    }
+    if (ops !== undefined) Operations.track(ops, run, res)
     res.on("close", () => {
-      if (!res.writableFinished) fiber.unsafeInterruptAsFork(FiberId.none)
+      if (!res.writableFinished) run.interrupt()
     })
   }
 }

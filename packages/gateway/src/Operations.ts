@@ -13,12 +13,13 @@ import type { IncomingMessage, ServerResponse } from "node:http"
 import type { Principal } from "@swarmgate/auth"
 import type { Billing } from "@swarmgate/billing"
 import type { Quota } from "@swarmgate/quota"
-import { Effect, type Fiber, FiberRef, Option, Redacted } from "effect"
+import { Effect, FiberRef, Option, Redacted } from "effect"
 import type * as ChatCompletions from "./ChatCompletions"
 import { Drainer, refuse } from "./Drain"
 import { Health, type HealthShape } from "./Health"
 import { Metrics, type MetricsShape } from "./Metrics"
 import * as RequestLog from "./RequestLog"
+import type { RequestRun } from "./RequestRun"
 import { SideRoutes, type SideRoutesShape } from "./SideRoutes"
 
 export interface Operations {
@@ -169,15 +170,15 @@ export const intercept = (
   return false
 }
 
-/** Follows the request's fiber: accounted once it ends too; ended by the drain if it runs past the deadline. */
-export const track = (ops: Operations, fiber: Fiber.RuntimeFiber<unknown, unknown>, res: ServerResponse) => {
+/** Follows the request: accounted once it ends too; ended by the drain if it runs past the deadline. */
+export const track = (ops: Operations, run: RequestRun, res: ServerResponse) => {
   const ctx = contextOf(res)
   if (ctx === undefined) return
   ctx.pending++
-  ops.drainer.track(fiber, res, ctx.record.requestId, (code) => {
+  ops.drainer.track(run, res, ctx.record.requestId, (code) => {
     ctx.record.code = code
   })
-  fiber.addObserver(() => finish(ctx, res))
+  run.addObserver(() => finish(ctx, res))
 }
 
 // --- notes along the request path (no-ops without a context) ------------------------------

@@ -3,6 +3,7 @@ import type { AddressInfo } from "node:net"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { Drain } from "../src"
+import * as RequestRun from "../src/RequestRun"
 
 interface Answer {
   readonly status: number
@@ -30,7 +31,7 @@ describe("Drainer", () => {
       const fibers = Array.from({ length: 5 }, () => Effect.runFork(Effect.never))
       // The count never touches the response: any object stands in.
       const res = {} as never
-      for (const [i, fiber] of fibers.entries()) drainer.track(fiber, res, `req_${i}`)
+      for (const [i, fiber] of fibers.entries()) drainer.track(RequestRun.ofFiber(fiber), res, `req_${i}`)
       expect(drainer.inFlight).toBe(5)
       // The middle one, the newest, the oldest, then the rest.
       for (const [i, left] of [
@@ -44,7 +45,7 @@ describe("Drainer", () => {
         expect(drainer.inFlight).toBe(left)
       }
       // A fiber already over when it is tracked leaves at once.
-      drainer.track(fibers[0]!, res, "req_late")
+      drainer.track(RequestRun.ofFiber(fibers[0]!), res, "req_late")
       expect(drainer.inFlight).toBe(0)
     }),
   )
@@ -66,7 +67,7 @@ describe("Drainer", () => {
           const server: Server = createServer((req, res) => {
             const fiber = Effect.runFork(Effect.never)
             fibers.set(req.url ?? "", fiber)
-            drainer.track(fiber, res, `req_${req.url}`)
+            drainer.track(RequestRun.ofFiber(fiber), res, `req_${req.url}`)
           })
           yield* Effect.promise(() => new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve)))
           const port = (server.address() as AddressInfo).port

@@ -9,7 +9,7 @@
 import { EventEmitter } from "node:events"
 import { describe, expect, it } from "@effect/vitest"
 import { Dispatcher, Finalizers, type NodeEvent, NodeFailure } from "@swarmgate/dispatch"
-import { Cause, Chunk, Effect, Exit, Option, Scope, Stream } from "effect"
+import { Cause, Chunk, Effect, Exit, FiberId, Option, Runtime, Scope, Stream } from "effect"
 import fc from "fast-check"
 import * as ChatCompletions from "../src/ChatCompletions"
 import * as GatewayConfig from "../src/GatewayConfig"
@@ -95,8 +95,7 @@ const answer = async (
     runIn: () => Effect.succeed(run),
     beginIn: (
       _scope: unknown,
-      _fiber: unknown,
-      _flags: unknown,
+      _runtime: unknown,
       _preset: unknown,
       _request: unknown,
       done: Dispatcher.Begun,
@@ -108,12 +107,13 @@ const answer = async (
     },
   } as unknown as Dispatcher.DispatcherShape
   const config = GatewayConfig.defaults
+  const runtime = Runtime.defaultRuntime
   const body = (
     scope: Scope.Scope,
   ): Effect.Effect<void, unknown, Dispatcher.Dispatcher | GatewayConfig.GatewayConfig> =>
     path === "effect"
       ? ChatCompletions.respondIn(scope, res as never, "req_test", request, outcome, hooks)
-      : Effect.withFiberRuntime<void, unknown>((fiber, status) =>
+      : Effect.withFiberRuntime<void, unknown>((fiber) =>
           Finalizers.asyncIn<void, unknown>(scope, (resume) => {
             ChatCompletions.respondNow(
               scope,
@@ -124,8 +124,8 @@ const answer = async (
               hooks,
               dispatcher,
               config,
-              fiber,
-              status.runtimeFlags,
+              runtime,
+              () => fiber.unsafeInterruptAsFork(FiberId.none),
               resume,
             )
             return undefined

@@ -14,7 +14,7 @@
  * Effect loop's, from the state the plain start left (`singleLoop`).
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
-import { type Chunk, Effect, Exit, type Fiber, type Option, type RuntimeFlags, type Scope } from "effect"
+import { type Chunk, Effect, Exit, type Option, type Runtime, type Scope } from "effect"
 import {
   type Attempt,
   alarmOn,
@@ -25,7 +25,7 @@ import {
   modelRequest,
   type Sources,
   sourcesIn,
-  sourcesOf,
+  sourcesOfRuntime,
   timedOut,
   winner,
 } from "../Attempt"
@@ -330,7 +330,7 @@ export const single = (
 export type Begun = (result: Effect.Effect<NodeRun, CapacityExhausted | UpstreamError>) => void
 
 /**
- * `single` by plain calls, from code running on `fiber`: a node free now and
+ * `single` by plain calls, on no fiber (`runtime` runs what needs one): a node free now and
  * started by callback whose first event comes first gives `done` the run as
  * an `Exit` (no Effect step at all); anything else — no free node, a node
  * opened by Effect, a failure, an empty answer, the alarm — gives it the
@@ -342,11 +342,10 @@ export const beginSingle = (
   preset: Preset,
   request: Omit<NodeRequest, "model">,
   scope: Scope.Scope,
-  fiber: Fiber.RuntimeFiber<unknown, unknown>,
-  runtimeFlags: RuntimeFlags.RuntimeFlags,
+  runtime: Runtime.Runtime<never>,
   done: Begun,
 ): void => {
-  const run = new SingleRun(ctx, preset, request, sourcesOf(scope, fiber, runtimeFlags))
+  const run = new SingleRun(ctx, preset, request, sourcesOfRuntime(scope, runtime))
   const first = run.startNow()
   if (first === undefined || Effect.isEffect(first)) {
     done(singleLoop(run, first ?? run.waitFor(ctx.queueWaitMillis)))
