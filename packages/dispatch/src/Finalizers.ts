@@ -139,6 +139,12 @@ export const addFinalizerNow = (scope: Scope.Scope, finalizer: Finalizer): void 
   else Effect.runFork(finalizer(state.exit))
 }
 
+/** Whether `scope` is still open: false from the moment it starts closing (a scope of another kind: true). */
+export const isOpen = (scope: Scope.Scope): boolean => {
+  const state = stateOf(scope)
+  return state === undefined || state._tag === "Open"
+}
+
 /**
  * Effect's own kind of scope, made by a plain call: what `Scope.make()`
  * returns, without running an Effect for it (a request's scope, made where

@@ -516,7 +516,7 @@ function* answerBody(answer: Answer, running: Effect.Effect<Dispatcher.NodeRun, 
 /**
  * The answer's setup, whichever path runs it: the running-time limit and the
  * revocation watch, and the cleanup that writes a stopped answer. `interrupt`
- * stops the request's fiber.
+ * ends the request (its fiber, or its plain run).
  */
 const prepare = (
   scope: Scope.Scope,
@@ -545,7 +545,7 @@ const prepare = (
   if (hooks.onRevocation !== undefined)
     offRevocation = hooks.onRevocation((error) => stop({ revoked: error }))
 
-  /** The answer of a stopped request, written once its fiber was interrupted. */
+  /** The answer of a stopped request, written once the request was interrupted (its scope closing). */
   const writeStopped = (why: Stop) => {
     hooks.onStopped?.(
       why === "upstream_timeout"
@@ -671,15 +671,11 @@ export const respondNow = (
   interrupt: () => void,
   done: (result: Effect.Effect<void, RunError>) => void,
 ): void => {
-  let closed = false
-  // What a callback finds once the request ended: nothing left to do.
-  Finalizers.addNow(scope, () => {
-    closed = true
-  })
   const answer = prepare(scope, res, requestId, request, outcome, hooks, config, interrupt)
   /** A callback's work, its throw a defect of the request (not of the event loop). */
   const guarded = (work: () => void) => {
-    if (closed) return
+    // Once the request ended (its scope closing or closed), a callback has nothing left to do.
+    if (!Finalizers.isOpen(scope)) return
     try {
       work()
     } catch (thrown) {

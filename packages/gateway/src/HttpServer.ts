@@ -1,8 +1,9 @@
 /**
  * The HTTP surface on plain `node:http`: routing, request ids, bodies with
- * their limits, and the one place where failures are rendered. Each request
- * runs as one fiber; a client that goes away interrupts it, which cancels the
- * node stream and releases everything acquired for it.
+ * their limits, and the one place where failures are rendered. A request
+ * runs as one fiber, or — the common chat completion — by plain calls until
+ * a step needs one (`PlainRun`); a client that goes away interrupts it,
+ * which cancels the node stream and releases everything acquired for it.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import type { AddressInfo } from "node:net"
@@ -104,7 +105,7 @@ interface RequestServices {
   readonly limits: Limits.LimitsConfigShape
   readonly quota: Quota.QuotaShape
   readonly billing: BillingService.BillingShape
-  /** The listener's runtime's clock (the plain path reads the time through it, as a fiber would). */
+  /** The requests' runtime's clock (the plain path reads the time through it, as a fiber would). */
   readonly clock: Clock.Clock
   /** The requests' runtime, for code on no fiber (the plain path's dispatch). */
   readonly runtime: Runtime.Runtime<never>
@@ -117,8 +118,8 @@ interface RequestServices {
 /**
  * A request as the edge received it, made once by the listener and passed
  * down: its `node:http` pair, id and arrival, the services it reads, and its
- * scope (made by the listener, passed down as this value — not in the
- * fiber's context — and closed when the fiber ends).
+ * scope (made by the listener, passed down as this value — not in a
+ * fiber's context — and closed when the request ends).
  */
 interface EdgeRequest {
   readonly req: IncomingMessage
@@ -130,8 +131,8 @@ interface EdgeRequest {
 }
 
 /*
- * The request path's Effect.gen bodies (here, RequestPolicy.normalize, the
- * single strategy, the answer, admission, /v1/models) are generator functions
+ * The request path's Effect.gen bodies (here, the single strategy's loop, the
+ * answer, admission, /v1/models) are generator functions
  * declared once, at module level, given the request as arguments — not
  * `Effect.gen(function* () { … })` made per request (the paths that wait —
  * the dispatch and concurrency queues, a key-cache miss, consensus — still
@@ -305,6 +306,9 @@ const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRe
   )
 }
 
+type Admitted = { readonly permit: Quota.Permit; readonly hold: BillingService.Hold }
+type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
+
 /**
  * The permit, then the hold — in that order where both decide in memory, and
  * then by plain calls in one step. Where both are round trips to Redis
@@ -319,9 +323,6 @@ const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRe
  * from `outcome` (or voided), when `scope` closes: rate and quota units are
  * refunded unless generation started.
  */
-type Admitted = { readonly permit: Quota.Permit; readonly hold: BillingService.Hold }
-type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
-
 const admitAndHold = (
   edge: EdgeRequest,
   principal: Principal,
@@ -574,6 +575,7 @@ class PlainRun implements RequestRun.RequestRun {
   private observers: Array<() => void> | undefined = []
   private fiber: Fiber.RuntimeFiber<unknown, unknown> | undefined = undefined
   private over = false
+  private interrupting = false
 
   constructor(private readonly edge: EdgeRequest) {}
 
@@ -582,9 +584,21 @@ class PlainRun implements RequestRun.RequestRun {
     else this.observers.push(observer)
   }
 
+  /**
+   * As a fiber's interruption, at the next turn, not inside the code running
+   * now: a stop can come from within it (the drain's halt, called at once
+   * once its deadline passed, from the answer's opening), and a fiber just
+   * handed the rest is followed by then.
+   */
   readonly interrupt = (): void => {
     if (this.fiber !== undefined) this.fiber.unsafeInterruptAsFork(FiberId.none)
-    else if (!this.over) this.close(Exit.interrupt(FiberId.none), true)
+    else if (!this.over && !this.interrupting) {
+      this.interrupting = true
+      queueMicrotask(() => {
+        if (this.fiber !== undefined) this.fiber.unsafeInterruptAsFork(FiberId.none)
+        else if (!this.over) this.close(Exit.interrupt(FiberId.none), true)
+      })
+    }
   }
 
   readonly done = (result: Effect.Effect<unknown, unknown, GatewayServices>): void => {
@@ -614,8 +628,12 @@ class PlainRun implements RequestRun.RequestRun {
     const { edge } = this
     const closing = Finalizers.closeNow(edge.scope, exit)
     if (closing === Effect.void) {
-      if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
-      this.ended()
+      // The drain and the log hear of the end whatever rendering does.
+      try {
+        if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
+      } finally {
+        this.ended()
+      }
       return
     }
     // Finalizers of Effect's kind (none on the plain path today): run on a fiber, as `finish` would.

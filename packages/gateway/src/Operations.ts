@@ -45,7 +45,7 @@ export const make: Effect.Effect<Operations> = Effect.gen(function* () {
 interface Context {
   readonly ops: Operations
   readonly record: RequestLog.RequestRecord
-  /** Events still awaited before the request is accounted: the response closing, the fiber ending. */
+  /** Events still awaited before the request is accounted: the response closing, the request ending. */
   pending: number
 }
 

@@ -5,8 +5,8 @@
  * micro-dollars) and how long it took (time to first token, duration).
  *
  * The record is filled in along the request path (see `Operations`) and
- * written once, when both the response is closed and the request's fiber has
- * finished, so that settlement — the cost — is in it.
+ * written once, when both the response is closed and the request has ended
+ * (its fiber, or its plain run), so that settlement — the cost — is in it.
  * Lines go straight to stdout: a log line per request is on the hot path, and
  * a direct write of one small JSON object is the cheapest honest way.
  */

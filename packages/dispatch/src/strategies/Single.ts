@@ -5,13 +5,13 @@
  * node's recent p95, a second node is started and whichever produces a token
  * first wins, the other is cancelled.
  *
- * Written as a small state machine on the request's own fiber: attempts run
- * their first pull on a detached fiber each and post what happened to an
- * inbox; one alarm covers the hedge and every first-token limit. No queue,
- * race, timeout or fork-join per request. The common request (a node free at
- * once, started by callback, whose first event comes before any alarm) runs
- * by plain calls from start to run (`beginSingle`); anything else is the
- * Effect loop's, from the state the plain start left (`singleLoop`).
+ * Written as a small state machine: attempts (an HTTP node by callback,
+ * others on a detached fiber each) post what happened to an inbox; one alarm
+ * covers the hedge and every first-token limit. No queue, race, timeout or
+ * fork-join per request. The common request (a node free at once, started
+ * by callback, whose first event comes before any alarm) runs by plain calls
+ * from start to run (`beginSingle`); anything else is the Effect loop's,
+ * from the state the plain start left (`singleLoop`).
  */
 import type { CapacityExhausted, UpstreamError } from "@swarmgate/protocol"
 import { type Chunk, Effect, Exit, type Option, type Runtime, type Scope } from "effect"
@@ -98,8 +98,10 @@ class SingleRun {
             return forget
           }),
     )
-    // A request that ends (or is interrupted) stops its alarm and first pulls still running.
+    // A request that ends (or is interrupted) stops its alarm and first pulls still running; a
+    // report arriving later wakes no one.
     Finalizers.addNow(sources.scope, () => {
+      this.wake = undefined
       this.stopAlarm()
       for (const attempt of this.running) attempt.cancel()
     })
@@ -355,12 +357,22 @@ export const beginSingle = (
   const onReport = () => {
     const next = run.inbox[0]!
     if (next._tag === "Done" && run.running.length === 1 && run.running[0] === next.attempt) {
-      const outcome = classify(next.attempt.slot.entry.node.id, next.exit)
-      if (outcome._tag === "First") {
+      let won: NodeRun
+      try {
+        const outcome = classify(next.attempt.slot.entry.node.id, next.exit)
+        if (outcome._tag !== "First") {
+          done(singleLoop(run, undefined))
+          return
+        }
         run.inbox.shift()
-        done(Exit.succeed(run.won(next.attempt, run.sources.now(), outcome.chunk)))
+        won = run.won(next.attempt, run.sources.now(), outcome.chunk)
+      } catch (thrown) {
+        // In the node's callback: a throw is the request's defect, not the transport's.
+        done(Exit.die(thrown))
         return
       }
+      done(Exit.succeed(won))
+      return
     }
     // The report waits in the inbox for the loop.
     done(singleLoop(run, undefined))
