@@ -3,7 +3,6 @@
  * back to leave with the first text, still comes first when a revocation ends
  * the stream before anything was written.
  */
-import { EventEmitter } from "node:events"
 import { describe, expect, it } from "@effect/vitest"
 import { Dispatcher } from "@swarmgate/dispatch"
 import { InvalidApiKey } from "@swarmgate/protocol"
@@ -11,33 +10,7 @@ import { Chunk, Effect, Exit, Scope, Stream } from "effect"
 import * as ChatCompletions from "../src/ChatCompletions"
 import * as GatewayConfig from "../src/GatewayConfig"
 import type { NormalizedRequest } from "../src/RequestPolicy"
-
-/** What `respond` calls on a `ServerResponse`, recorded; a revocation queued as the head is written. */
-class RecordingResponse extends EventEmitter {
-  status: number | undefined
-  body = ""
-  writableEnded = false
-  destroyed = false
-  headersSent = false
-  constructor(private readonly onHead: () => void) {
-    super()
-  }
-  writeHead(status: number) {
-    this.status = status
-    this.headersSent = true
-    queueMicrotask(this.onHead)
-    return this
-  }
-  write(data: string) {
-    this.body += data
-    return true
-  }
-  end(data?: string) {
-    this.body += data ?? ""
-    this.writableEnded = true
-    return this
-  }
-}
+import { RecordingResponse } from "./support/RecordingResponse"
 
 const request = {
   preset: { id: "swarm-prime", timeoutMillis: 10_000 },

@@ -6,7 +6,6 @@
  * a run handed over as an Effect goes on the Effect way; a throw in a
  * callback is the request's defect, not the event loop's.
  */
-import { EventEmitter } from "node:events"
 import { describe, expect, it } from "@effect/vitest"
 import { Dispatcher, Finalizers, type NodeEvent, NodeFailure } from "@swarmgate/dispatch"
 import { Cause, Chunk, Effect, Exit, FiberId, Option, Runtime, Scope, Stream } from "effect"
@@ -14,31 +13,7 @@ import fc from "fast-check"
 import * as ChatCompletions from "../src/ChatCompletions"
 import * as GatewayConfig from "../src/GatewayConfig"
 import type { NormalizedRequest } from "../src/RequestPolicy"
-
-/** What an answer calls on a `ServerResponse`, recorded. */
-class RecordingResponse extends EventEmitter {
-  status: number | undefined
-  headers: Record<string, string> = {}
-  body = ""
-  writableEnded = false
-  destroyed = false
-  headersSent = false
-  writeHead(status: number, headers: Record<string, string>) {
-    this.status = status
-    this.headers = { ...headers }
-    this.headersSent = true
-    return this
-  }
-  write(data: string) {
-    this.body += data
-    return true
-  }
-  end(data?: string) {
-    this.body += data ?? ""
-    this.writableEnded = true
-    return this
-  }
-}
+import { RecordingResponse } from "./support/RecordingResponse"
 
 type Step =
   | { readonly _tag: "Chunk"; readonly events: ReadonlyArray<NodeEvent>; readonly later: boolean }
