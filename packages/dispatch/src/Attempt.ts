@@ -15,7 +15,6 @@ import {
   Either,
   ExecutionStrategy,
   Exit,
-  type Fiber,
   FiberId,
   FiberRefs,
   Option,
@@ -124,23 +123,6 @@ class FiberSources implements Sources {
   }
 }
 
-/** The sources of `fiber` (running with `runtimeFlags`), by a plain call from code running on it. */
-export const sourcesOf = (
-  scope: Scope.Scope,
-  fiber: Fiber.RuntimeFiber<unknown, unknown>,
-  runtimeFlags: RuntimeFlags.RuntimeFlags,
-): Sources => {
-  const services = fiber.currentDefaultServices
-  return new FiberSources(
-    scope,
-    Context.get(services, Clock.Clock),
-    Context.get(services, Random.Random),
-    fiber,
-    fiber.currentContext as Context.Context<never>,
-    runtimeFlags,
-  )
-}
-
 /** A runtime's clock and draws, read once per runtime (its default services do not change). */
 interface Basis {
   readonly clock: Clock.Clock
@@ -183,7 +165,19 @@ export const sourcesOfRuntime = (scope: Scope.Scope, runtime: Runtime.Runtime<ne
 
 /** The fiber's sources, the request's scope given (the gateway keeps it out of the fiber's context). */
 export const sourcesIn = (scope: Scope.Scope): Effect.Effect<Sources> =>
-  Effect.withFiberRuntime((fiber, status) => Effect.succeed(sourcesOf(scope, fiber, status.runtimeFlags)))
+  Effect.withFiberRuntime((fiber, status) => {
+    const services = fiber.currentDefaultServices
+    return Effect.succeed(
+      new FiberSources(
+        scope,
+        Context.get(services, Clock.Clock),
+        Context.get(services, Random.Random),
+        fiber,
+        fiber.currentContext as Context.Context<never>,
+        status.runtimeFlags,
+      ),
+    )
+  })
 
 // --- the alarm --------------------------------------------------------------------------
 

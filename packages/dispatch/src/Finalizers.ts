@@ -258,16 +258,16 @@ const closeFrom = (
  * For waits that last no longer than their scope (a request's own). Without
  * a scope it is `Effect.async` with the cleanup as its canceler.
  */
-export const asyncIn = <A, E = never, R = never>(
+export const asyncIn = <A, E = never>(
   scope: Scope.Scope | undefined,
-  register: (resume: (effect: Effect.Effect<A, E, R>) => void) => (() => void) | undefined,
-): Effect.Effect<A, E, R> =>
+  register: (resume: (effect: Effect.Effect<A, E>) => void) => (() => void) | undefined,
+): Effect.Effect<A, E> =>
   scope === undefined
-    ? Effect.async<A, E, R>((resume) => {
+    ? Effect.async<A, E>((resume) => {
         const cleanup = register(resume)
         return cleanup === undefined ? undefined : Effect.sync(cleanup)
       })
-    : Effect.async<A, E, R>((resume) => {
+    : Effect.async<A, E>((resume) => {
         const cleanup = register(resume)
         if (cleanup !== undefined) addNow(scope, cleanup)
       })
