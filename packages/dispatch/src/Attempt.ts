@@ -26,7 +26,14 @@ import {
 import * as DefaultServices from "effect/DefaultServices"
 import * as Finalizers from "./Finalizers"
 import { type Entry, type NodePool, openOn, type Slot } from "./NodePool"
-import { type NodeEvent, NodeFailure, type NodeNext, type NodePull, type NodeRequest } from "./NodeTransport"
+import {
+  type NodeClock,
+  type NodeEvent,
+  NodeFailure,
+  type NodeNext,
+  type NodePull,
+  type NodeRequest,
+} from "./NodeTransport"
 import type { Preset } from "./Presets"
 
 export interface AttemptOptions {
@@ -270,6 +277,7 @@ export const launchNow = (
   request: NodeRequest,
   startedAt: number,
   report: (attempt: Attempt, exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+  clock: NodeClock,
 ): Attempt | Effect.Effect<Attempt> => {
   const held = Finalizers.groupNow(parent)
   const attempt: Attempt = {
@@ -299,7 +307,7 @@ export const launchNow = (
     // The node reports by callback: no fiber for the attempt at all.
     const begin = node.begin
     attempt.begin = () => {
-      const started = begin(request, deliver)
+      const started = begin(request, deliver, clock)
       attempt.pull = started.pull
       attempt.next = started.next
       attempt.cancel = started.stop

@@ -69,6 +69,17 @@ export type NodeNext = (
   done: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
 ) => () => void
 
+/**
+ * The request's clock, for a node started by callback that keeps time
+ * itself (the simulator): Node's timers on the real clock, the test clock in
+ * tests.
+ */
+export interface NodeClock {
+  readonly now: () => number
+  /** Calls `fire` after `millis`; returns the cancel. */
+  readonly alarm: (millis: number, fire: () => void) => () => void
+}
+
 /** An answer started by `SwarmNode.begin`. */
 export interface NodeStart {
   /** The events after the first ones reported. */
@@ -99,12 +110,14 @@ export interface SwarmNode {
    * Starts the answer at once and reports its first events (or its failure
    * before them) to `onFirst`, by callback: what the dispatcher uses when a
    * node has it, so an attempt costs no fiber. `stop` ends the answer
-   * (idempotent); after `onFirst`, `pull` gives the rest.
+   * (idempotent); after `onFirst`, `pull` gives the rest. `clock` is the
+   * request's, for a node that waits itself (HTTP nodes wait on sockets).
    */
   readonly begin?:
     | ((
         request: NodeRequest,
         onFirst: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+        clock: NodeClock,
       ) => NodeStart)
     | undefined
   /** The node fails its own streams after `idleTimeoutMillis` of silence (cheaper than a timer per event). */

@@ -2,14 +2,17 @@
  * The embedded swarm: simulated nodes behind the same `SwarmNode` interface as
  * real ones.
  */
-import { makeSwarm, type SimEvent, type SimNode } from "@swarmgate/swarm-sim"
-import { Chunk, Effect, Option, type Scope } from "effect"
+import { makeSwarm, type SimEvent, type SimNode, type SimNodeFailure } from "@swarmgate/swarm-sim"
+import { Cause, Chunk, Effect, Exit, Option, type Scope } from "effect"
 import {
   generateFromOpen,
+  type NodeClock,
   type NodeEvent,
   NodeFailure,
+  type NodeNext,
   type NodePull,
   type NodeRequest,
+  type NodeStart,
   type SwarmNode,
 } from "./NodeTransport"
 import type { Preset } from "./Presets"
@@ -43,8 +46,46 @@ export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): Swar
           onSuccess: Chunk.map(toNodeEvent),
         }),
     )
+  const exitOf = (
+    exit: Exit.Exit<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>,
+  ): Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> => {
+    if (Exit.isSuccess(exit)) return Exit.succeed(Chunk.map(exit.value, toNodeEvent))
+    const error = Cause.failureOption(exit.cause)
+    return Option.isSome(error) && Option.isSome(error.value)
+      ? Exit.fail(Option.some(failure(error.value.value.reason)))
+      : (exit as Exit.Exit<never, Option.Option<never>>)
+  }
+  // By callback on the request's clock: the dispatcher starts an attempt on no fiber.
+  const begin = (
+    request: NodeRequest,
+    onFirst: (exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void,
+    clock: NodeClock,
+  ): NodeStart => {
+    const started = node.begin(input(request), clock, { idleTimeoutMillis: request.idleTimeoutMillis })
+    // The read in progress's callback, behind one mapping made per answer (not one per read).
+    let reading: ((exit: Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>>) => void) | undefined
+    const mapped = (exit: Exit.Exit<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>) => {
+      const done = reading
+      reading = undefined
+      done?.(exitOf(exit))
+    }
+    const next: NodeNext = (done) => {
+      reading = done
+      return started.next(mapped)
+    }
+    next(onFirst)
+    return {
+      pull: Effect.async((resume) => {
+        const cancel = next(resume)
+        return Effect.sync(cancel)
+      }),
+      next,
+      stop: started.stop,
+    }
+  }
   return {
     id,
+    begin,
     capacity: node.profile.capacity,
     models: new Map(presets.map((p) => [p.id, `sim-${p.id}`])),
     vision: node.profile.vision,

@@ -764,6 +764,33 @@ describe("beginIn: the single strategy by plain calls, the Effect loop where it 
     }),
   )
 
+  it.live(
+    "the embedded simulator's nodes are begun by callback: the run by plain calls, the node released",
+    () =>
+      Effect.gen(function* () {
+        const sims = makeProfiles({ seed: 3, count: 4, dishonest: 0 }).map((profile) =>
+          makeSimNode(
+            { ...profile, failure: { refuse: 0, failBeforeFirstToken: 0, breakMidStream: 0, stall: 0 } },
+            { speed: 1000, seed: 3 },
+          ),
+        )
+        const dispatcher = Dispatcher.make(
+          presets,
+          sims.map((sim) => SimTransport.fromSimNode(sim, [prime])),
+        )
+        for (let i = 0; i < 5; i++) {
+          const result = yield* begin(dispatcher)
+          expect(result.plain).toBe(true)
+          expect(result.events.at(-1)?._tag).toBe("Finish")
+          expect(result.events.filter((e) => e._tag === "Delta").length).toBeGreaterThan(0)
+        }
+        const stats = yield* Effect.forEach(sims, (sim) => sim.stats)
+        expect(stats.reduce((n, s) => n + s.started, 0)).toBe(5)
+        expect(stats.every((s) => s.active === 0)).toBe(true)
+        expect(sims.map((sim) => dispatcher.inFlight(sim.profile.id))).toEqual([0, 0, 0, 0])
+      }),
+  )
+
   it.live("no node free and no queue: handed over, 429 capacity_exhausted", () =>
     Effect.gen(function* () {
       const node = callbackNode("only", () => ({ ttft: 5 }), 0)

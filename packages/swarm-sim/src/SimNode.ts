@@ -2,7 +2,7 @@
  * A simulated model node: streams the pieces of a generated answer with realistic
  * timing and, per its profile, fails in the ways real nodes do.
  */
-import { Chunk, Clock, Data, Duration, Effect, Option, Scope, Stream } from "effect"
+import { Chunk, Clock, Data, Duration, Effect, Exit, Option, Scope, Stream } from "effect"
 import { hashString, makePrng } from "./internal/Prng"
 import { parseJudgeRequest, verdict } from "./Judging"
 import { makeProfiles, type NodeProfile, type ProfileOptions } from "./Profiles"
@@ -34,6 +34,30 @@ export interface SimOpenOptions {
   readonly idleTimeoutMillis?: number | undefined
 }
 
+/**
+ * The reader's clock, for the callback form: Node's timers on the real
+ * clock, the test clock in tests (the gateway's dispatcher passes its own).
+ */
+export interface SimClock {
+  readonly now: () => number
+  /** Calls `fire` after `millis`; returns the cancel. */
+  readonly alarm: (millis: number, fire: () => void) => () => void
+}
+
+/** What a read by callback gets: as `SimPull`'s outcome. */
+export type SimDone = (exit: Exit.Exit<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>) => void
+
+/** A generation started by `SimNode.begin`. */
+export interface SimStart {
+  /**
+   * The next events by callback, as `SimPull` (perhaps before this
+   * returns); returns the cancel of a read that waits. One read at a time.
+   */
+  readonly next: (done: SimDone) => () => void
+  /** Ends the generation (releases it; a waiting read never completes). Idempotent. */
+  readonly stop: () => void
+}
+
 export interface SimNode {
   readonly profile: NodeProfile
   /**
@@ -57,7 +81,59 @@ export interface SimNode {
     scope: Scope.Scope,
     options?: SimOpenOptions,
   ) => Effect.Effect<SimPull>
+  /**
+   * The same generation read by callback with `clock`, on no fiber: what
+   * the gateway's dispatcher starts it with. Released by `stop`.
+   */
+  readonly begin: (input: GenerationInput, clock: SimClock, options?: SimOpenOptions) => SimStart
   readonly stats: Effect.Effect<SimNodeStats>
+}
+
+/** A piece and when it is due, in unscaled milliseconds from the start. */
+interface Timed {
+  readonly text: string
+  readonly at: number
+}
+
+const noCancel = () => undefined
+const endedExit: Exit.Exit<never, Option.Option<never>> = Exit.fail(Option.none())
+
+/**
+ * Where a reader is in a generation's pieces and when the next is due: the
+ * Effect form and the callback form step through it alike.
+ */
+class Timeline {
+  /** The timeline starts at the first read. */
+  private start: number | undefined = undefined
+  private index = 0
+  /** The tail (what follows the last piece) was reached. */
+  done = false
+
+  constructor(
+    private readonly pieces: ReadonlyArray<Timed>,
+    private readonly speed: number,
+    private readonly emitted: (count: number) => void,
+  ) {}
+
+  /** Milliseconds until the next piece is due (≤ 0: due now); undefined past the last piece. */
+  wait(now: number): number | undefined {
+    this.start ??= now
+    if (this.index >= this.pieces.length) return undefined
+    return this.start + this.pieces[this.index]!.at / this.speed - now
+  }
+
+  /** Every piece due by `now` (at least the next one), in one chunk. */
+  take(now: number): Chunk.Chunk<SimEvent> {
+    const { pieces, speed } = this
+    const start = this.start ?? 0
+    const out: Array<SimEvent> = []
+    do {
+      out.push({ _tag: "Piece", text: pieces[this.index]!.text })
+      this.index++
+    } while (this.index < pieces.length && start + pieces[this.index]!.at / speed <= now)
+    this.emitted(out.length)
+    return Chunk.unsafeFromArray(out)
+  }
 }
 
 // Tokens of a real stream do not arrive on a metronome.
@@ -92,11 +168,6 @@ export const makeSimNode = (
           | { readonly _tag: "Finish"; readonly reason: "stop" | "length"; readonly wait: number }
           | { readonly _tag: "Break"; readonly wait: number }
       }
-  /** A piece and when it is due, in unscaled milliseconds from the start. */
-  interface Timed {
-    readonly text: string
-    readonly at: number
-  }
 
   const plan = (input: GenerationInput): Plan => {
     const rng = makePrng(calls.nextUint32())
@@ -152,17 +223,15 @@ export const makeSimNode = (
 
   const ended: SimPull = Effect.fail(Option.none())
 
+  /** The Effect form of a generation: `Timeline`'s steps, waited with the fiber's clock. */
   const pullOf = (planned: Plan, idleTimeoutMillis: number): SimPull => {
     if (planned._tag === "Fail") {
       const failed = Effect.fail(Option.some(fail(planned.reason)))
       return Effect.zipRight(sleep(planned.after), failed)
     }
-    const { pieces } = planned
-    let start: number | undefined
-    let next = 0
-    let done = false
+    const line = new Timeline(planned.pieces, speed, emitted)
     const tail: SimPull = Effect.suspend(() => {
-      done = true
+      line.done = true
       if (planned._tag === "Stall") {
         return idleTimeoutMillis > 0
           ? Effect.zipRight(
@@ -176,24 +245,102 @@ export const makeSimNode = (
         ? Effect.as(sleep(end.wait), Chunk.of<SimEvent>({ _tag: "Finish", reason: end.reason }))
         : Effect.zipRight(sleep(end.wait), Effect.fail(Option.some(fail("broke_mid_stream"))))
     })
-    /** Every piece due by `now` (at least the next one), in one chunk. */
-    const take = (now: number): Chunk.Chunk<SimEvent> => {
-      const out: Array<SimEvent> = []
-      do {
-        out.push({ _tag: "Piece", text: pieces[next]!.text })
-        next++
-      } while (next < pieces.length && (start ?? 0) + pieces[next]!.at / speed <= now)
-      piecesEmitted += out.length
-      return Chunk.unsafeFromArray(out)
-    }
+    const take = (now: number) => line.take(now)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      if (done) return ended
-      start ??= now
-      if (next >= pieces.length) return tail
-      const wait = start + pieces[next]!.at / speed - now
-      if (!(wait > 0) || !Number.isFinite(wait)) return Effect.succeed(take(now))
+      if (line.done) return ended
+      const wait = line.wait(now)
+      if (wait === undefined) return tail
+      if (!(wait > 0) || !Number.isFinite(wait)) return Effect.succeed(line.take(now))
       return Effect.zipRight(Effect.sleep(Duration.millis(wait)), Effect.map(Clock.currentTimeMillis, take))
     })
+  }
+
+  /** The callback form of a generation: the same steps, waited with `clock`'s alarm. */
+  const startOf = (planned: Plan, idleTimeoutMillis: number, clock: SimClock): SimStart => {
+    let cancel: () => void = noCancel
+    let stopped = false
+    const after = (millis: number, then: () => void): (() => void) => {
+      const scaled = millis / speed
+      if (!(scaled > 0) || !Number.isFinite(scaled)) {
+        then()
+        return noCancel
+      }
+      cancel = clock.alarm(scaled, () => {
+        cancel = noCancel
+        then()
+      })
+      return cancel
+    }
+    const stop = () => {
+      if (stopped) return
+      stopped = true
+      cancel()
+      cancel = noCancel
+      active--
+    }
+    if (planned._tag === "Fail") {
+      const failed = Exit.fail(Option.some(fail(planned.reason)))
+      let over = false
+      return {
+        next: (done) => {
+          if (stopped) return noCancel
+          if (over) {
+            done(endedExit)
+            return noCancel
+          }
+          return after(planned.after, () => {
+            over = true
+            done(failed)
+          })
+        },
+        stop,
+      }
+    }
+    const line = new Timeline(planned.pieces, speed, emitted)
+    const tail = (done: SimDone): (() => void) => {
+      line.done = true
+      if (planned._tag === "Stall") {
+        if (!(idleTimeoutMillis > 0)) return noCancel
+        // Unscaled, as in the Effect form: the idle limit is the gateway's time, not the node's.
+        cancel = clock.alarm(idleTimeoutMillis, () => {
+          cancel = noCancel
+          done(Exit.fail(Option.some(fail("stalled"))))
+        })
+        return cancel
+      }
+      const end = planned.tail
+      return end._tag === "Finish"
+        ? after(end.wait, () =>
+            done(Exit.succeed(Chunk.of<SimEvent>({ _tag: "Finish", reason: end.reason }))),
+          )
+        : after(end.wait, () => done(Exit.fail(Option.some(fail("broke_mid_stream")))))
+    }
+    return {
+      next: (done) => {
+        if (stopped) return noCancel
+        if (line.done) {
+          done(endedExit)
+          return noCancel
+        }
+        const now = clock.now()
+        const wait = line.wait(now)
+        if (wait === undefined) return tail(done)
+        if (!(wait > 0) || !Number.isFinite(wait)) {
+          done(Exit.succeed(line.take(now)))
+          return noCancel
+        }
+        cancel = clock.alarm(wait, () => {
+          cancel = noCancel
+          done(Exit.succeed(line.take(clock.now())))
+        })
+        return cancel
+      },
+      stop,
+    }
+  }
+
+  const emitted = (count: number) => {
+    piecesEmitted += count
   }
 
   const openIn = (input: GenerationInput, scope: Scope.Scope, options: SimOpenOptions = {}) =>
@@ -212,12 +359,18 @@ export const makeSimNode = (
     })
   const open = (input: GenerationInput, options: SimOpenOptions = {}) =>
     Effect.flatMap(Effect.scope, (scope) => openIn(input, scope, options))
+  const begin = (input: GenerationInput, clock: SimClock, options: SimOpenOptions = {}) => {
+    started++
+    active++
+    return startOf(plan(input), options.idleTimeoutMillis ?? 0, clock)
+  }
 
   return {
     profile,
     generate: (input) => Stream.unwrapScoped(Effect.map(open(input), Stream.repeatEffectChunkOption)),
     open,
     openIn,
+    begin,
     stats: Effect.sync(() => ({ started, active, piecesEmitted })),
   }
 }

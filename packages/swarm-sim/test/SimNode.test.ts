@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Clock, Effect, Either, Fiber, Option, Ref, Stream, TestClock } from "effect"
+import { Cause, Chunk, Clock, Effect, Either, Exit, Fiber, Option, Ref, Stream, TestClock } from "effect"
+import * as fc from "fast-check"
 import {
   type GenerationInput,
   generate,
@@ -7,8 +8,10 @@ import {
   makeSimNode,
   makeSwarm,
   type NodeProfile,
+  type SimClock,
   type SimEvent,
   SimNodeFailure,
+  type SimPull,
 } from "../src/index"
 
 const input: GenerationInput = {
@@ -225,5 +228,155 @@ describe("SimNode", () => {
     expect(swarm.map((node) => node.profile)).toEqual(makeProfiles({ seed: 5, count: 16 }))
     expect(makeSwarm({ seed: 5, count: 3, speed: 1 })).toHaveLength(3)
     expect(() => makeSwarm({ seed: 5, speed: 0 })).toThrow(RangeError)
+  })
+
+  describe("begin (by callback)", () => {
+    /** A clock moved by hand: alarms fire in order of their time, then of their arming. */
+    class ManualClock implements SimClock {
+      time = 0
+      private armed: Array<{ at: number; order: number; fire: () => void; live: boolean }> = []
+      private order = 0
+      readonly now = () => this.time
+      readonly alarm = (millis: number, fire: () => void) => {
+        const timer = { at: this.time + millis, order: this.order++, fire, live: true }
+        this.armed.push(timer)
+        return () => {
+          timer.live = false
+        }
+      }
+      /** Fires every alarm until none is left (a stall without an idle limit leaves none). */
+      runAll() {
+        for (;;) {
+          const live = this.armed.filter((t) => t.live)
+          if (live.length === 0) return
+          const first = live.reduce((a, b) => (b.at < a.at || (b.at === a.at && b.order < a.order) ? b : a))
+          first.live = false
+          this.armed = live.filter((t) => t !== first)
+          this.time = Math.max(this.time, first.at)
+          first.fire()
+        }
+      }
+    }
+
+    /** What a reader saw: each chunk with its time, then how it ended ("pending" if it never did). */
+    type Seen = { chunks: Array<readonly [number, ReadonlyArray<SimEvent>]>; end: string }
+    const endOf = (exit: Exit.Exit<unknown, Option.Option<SimNodeFailure>>): string => {
+      if (Exit.isSuccess(exit)) return "?"
+      const failure = Cause.failureOption(exit.cause)
+      return Option.isSome(failure) && Option.isSome(failure.value) ? failure.value.value.reason : "end"
+    }
+
+    const byEffect = (pull: SimPull, seen: Seen): Effect.Effect<void> =>
+      Effect.flatMap(Effect.exit(pull), (exit) => {
+        if (Exit.isFailure(exit)) {
+          seen.end = endOf(exit)
+          return Effect.void
+        }
+        return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          seen.chunks.push([now, Chunk.toReadonlyArray(exit.value)])
+          return byEffect(pull, seen)
+        })
+      })
+
+    const arbitraryCase = fc.record({
+      ttftMs: fc.integer({ min: 0, max: 400 }),
+      ttftJitter: fc.constantFrom(0, 0.3),
+      tokensPerSecond: fc.integer({ min: 5, max: 200 }),
+      failure: fc.record({
+        refuse: fc.constantFrom(0, 0.5, 1),
+        failBeforeFirstToken: fc.constantFrom(0, 0.5),
+        breakMidStream: fc.constantFrom(0, 0.5),
+        stall: fc.constantFrom(0, 0.5),
+        stallBeforeFirstToken: fc.constantFrom(0, 0.3),
+      }),
+      speed: fc.constantFrom(1, 3, 1000, Number.POSITIVE_INFINITY),
+      seed: fc.nat(1000),
+      maxTokens: fc.integer({ min: 0, max: 40 }),
+      idleTimeoutMillis: fc.constantFrom(0, 250),
+      generations: fc.integer({ min: 1, max: 3 }),
+    })
+
+    it.effect.prop(
+      "reads every generation as `open` does: the same chunks at the same times, the same end, released by stop",
+      [arbitraryCase],
+      ([c]) =>
+        Effect.gen(function* () {
+          const made = () =>
+            makeSimNode(
+              profile({
+                ttftMs: c.ttftMs,
+                ttftJitter: c.ttftJitter,
+                tokensPerSecond: c.tokensPerSecond,
+                failure: c.failure,
+              }),
+              {
+                speed: c.speed,
+                seed: c.seed,
+              },
+            )
+          const viaEffect = made()
+          const viaCallback = made()
+          const options = { idleTimeoutMillis: c.idleTimeoutMillis }
+          const generation = { ...input, maxTokens: c.maxTokens }
+          for (let i = 0; i < c.generations; i++) {
+            const expected: Seen = { chunks: [], end: "pending" }
+            const start = yield* Clock.currentTimeMillis
+            yield* Effect.scoped(
+              Effect.gen(function* () {
+                const pull = yield* viaEffect.open(generation, options)
+                const fiber = yield* Effect.fork(byEffect(pull, expected))
+                yield* TestClock.adjust("10 hours")
+                yield* Fiber.interrupt(fiber)
+              }),
+            )
+            // The test clock keeps time in whole nanoseconds.
+            const micros = (at: number) => Math.round(at * 1000)
+            expected.chunks = expected.chunks.map(([at, events]) => [micros(at - start), events] as const)
+
+            const clock = new ManualClock()
+            const seen: Seen = { chunks: [], end: "pending" }
+            const started = viaCallback.begin(generation, clock, options)
+            const read = () =>
+              started.next((exit) => {
+                if (Exit.isFailure(exit)) {
+                  seen.end = endOf(exit)
+                  return
+                }
+                seen.chunks.push([micros(clock.time), Chunk.toReadonlyArray(exit.value)])
+                read()
+              })
+            read()
+            clock.runAll()
+            expect((yield* viaCallback.stats).active).toBe(1)
+            started.stop()
+            started.stop()
+
+            expect(seen).toEqual(expected)
+            expect(yield* viaCallback.stats).toEqual(yield* viaEffect.stats)
+          }
+          expect((yield* viaCallback.stats).active).toBe(0)
+        }),
+      { fastCheck: { numRuns: 60 } },
+    )
+
+    it("stop cancels a waiting read: its alarm never fires", () => {
+      const node = makeSimNode(profile({ ttftMs: 100 }), { speed: 1, seed: 2 })
+      const fired: Array<number> = []
+      let cancelled = 0
+      const clock: SimClock = {
+        now: () => 0,
+        alarm: (millis) => {
+          fired.push(millis)
+          return () => {
+            cancelled++
+          }
+        },
+      }
+      const started = node.begin(input, clock)
+      started.next(() => expect.unreachable("read after stop"))
+      expect(fired).toEqual([100])
+      started.stop()
+      expect(cancelled).toBe(1)
+    })
   })
 })

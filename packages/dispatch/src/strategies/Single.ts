@@ -70,7 +70,9 @@ class SingleRun {
   cancelAlarm: () => void = () => undefined
   launched = 0
   readonly vision: boolean
+  /** With `now`, the request's clock for nodes that wait themselves (`NodeClock`). */
   readonly alarm: ReturnType<typeof alarmOn>
+  readonly now: () => number
   readonly nextReport: Effect.Effect<Report>
 
   constructor(
@@ -82,6 +84,7 @@ class SingleRun {
     // Images go only to nodes that can see them.
     this.vision = request.messages.some((m) => m.images.length > 0)
     this.alarm = alarmOn(sources)
+    this.now = sources.now
     const forget = () => {
       this.wake = undefined
     }
@@ -164,6 +167,7 @@ class SingleRun {
       modelRequest(slot.entry, this.preset, this.request, this.ctx.attempt.idleTimeoutMillis),
       now,
       this.report,
+      this,
     )
     return Effect.isEffect(launched)
       ? Effect.map(launched, (attempt) => this.began(attempt, now))
