@@ -10,6 +10,7 @@
  *   stream) hides whether the gateway waits for the client.
  */
 
+import { randomBytes } from "node:crypto"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
 import { tmpdir } from "node:os"
@@ -19,8 +20,20 @@ import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { AdminHttp } from "@swarmgate/admin"
 import { ApiKeys, KeyFormat, Repository } from "@swarmgate/auth"
 import { GatewayConfig, HttpServer } from "@swarmgate/gateway"
-import { ConfigProvider, Effect, Exit, Layer, Logger, LogLevel, ManagedRuntime, Scope } from "effect"
+import { RedisStore } from "@swarmgate/quota"
+import {
+  ConfigProvider,
+  Effect,
+  Exit,
+  Layer,
+  Logger,
+  LogLevel,
+  ManagedRuntime,
+  Scope,
+  Supervisor,
+} from "effect"
 import { AdminConfigLive, BillingLive, LimitsLive, OpsLive, StoreLive, SwarmLive } from "../src/Layers"
+import { redisUrl } from "./support/InstancePair"
 import { rawExchange } from "./support/RawHttp"
 
 const ADMIN = "in-process-admin-token"
@@ -85,25 +98,35 @@ const startFakeNode = async (): Promise<FakeNode> => {
   })
 }
 
-let node: FakeNode
-let dir: string
-let dispose: (() => Promise<void>) | undefined
-let scope: Scope.CloseableScope
-let server: Server
-let port: number
-let lookups = 0
+/** A gateway assembled in this process from the server's layers, its key lookups counted. */
+interface InProcess {
+  readonly port: number
+  readonly server: Server
+  /** Key lookups by hash so far. */
+  readonly lookups: () => number
+  readonly resetLookups: () => void
+  /** Fibers started on its runtime so far (requests, and the server's own background work). */
+  readonly fibers: () => number
+  readonly admin: <T = Record<string, unknown>>(method: string, path: string, body?: unknown) => Promise<T>
+  readonly stop: () => Promise<void>
+}
 
-beforeAll(async () => {
-  node = await startFakeNode()
-  dir = mkdtempSync(join(tmpdir(), "swarmgate-inprocess-"))
-  const nodesFile = join(dir, "nodes.json")
-  writeFileSync(
-    nodesFile,
-    JSON.stringify([{ id: "fake", url: node.url, models: { "swarm-prime": "fake" }, capacity: 4 }]),
-  )
+const startInProcess = async (
+  nodesFile: string,
+  database: string,
+  extra: ReadonlyArray<readonly [string, string]> = [],
+): Promise<InProcess> => {
+  let lookups = 0
+  let fibers = 0
+  const counting = new (class extends Supervisor.AbstractSupervisor<void> {
+    value = Effect.void
+    override onStart() {
+      fibers++
+    }
+  })()
   const config = ConfigProvider.fromMap(
     new Map([
-      ["DATABASE_URL", `sqlite:${join(dir, "gateway.db")}`],
+      ["DATABASE_URL", database],
       ["SWARMGATE_ADMIN_TOKEN", ADMIN],
       ["SWARMGATE_NODES_FILE", nodesFile],
       ["SWARMGATE_HEDGE_MS", "0"],
@@ -112,6 +135,7 @@ beforeAll(async () => {
       ["SWARMGATE_PROBE_INTERVAL_MS", "60000"],
       ["SWARMGATE_DEFAULT_RPM", "none"],
       ["SWARMGATE_DEFAULT_RPH", "none"],
+      ...extra,
     ]),
   )
   // The server's layers, with the key repository wrapped to count lookups by hash.
@@ -144,33 +168,63 @@ beforeAll(async () => {
     gateway.pipe(
       Layer.provide(Layer.setConfigProvider(config)),
       Layer.provide(Logger.minimumLogLevel(LogLevel.Error)),
+      Layer.provide(Supervisor.addSupervisor(counting)),
     ),
   )
-  dispose = () => runtime.dispose()
-  scope = Effect.runSync(Scope.make())
+  const scope = Effect.runSync(Scope.make())
   const listening = await runtime.runPromise(
     Scope.extend(HttpServer.listen({ port: 0, host: "127.0.0.1", drainMillis: 100 }), scope),
   )
-  server = listening.server
-  port = listening.port
+  const { port } = listening
+  return {
+    port,
+    server: listening.server,
+    lookups: () => lookups,
+    fibers: () => fibers,
+    resetLookups: () => {
+      lookups = 0
+    },
+    admin: async <T = Record<string, unknown>>(method: string, path: string, body?: unknown) => {
+      const response = await fetch(`http://127.0.0.1:${port}/admin/v1${path}`, {
+        method,
+        headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+        ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+      })
+      return (await response.json()) as T
+    },
+    stop: async () => {
+      await Effect.runPromise(Scope.close(scope, Exit.void)).catch(() => {})
+      await runtime.dispose()
+    },
+  }
+}
+
+let node: FakeNode
+let dir: string
+let nodesFile: string
+let gateway: InProcess | undefined
+let server: Server
+let port: number
+let admin: InProcess["admin"]
+
+beforeAll(async () => {
+  node = await startFakeNode()
+  dir = mkdtempSync(join(tmpdir(), "swarmgate-inprocess-"))
+  nodesFile = join(dir, "nodes.json")
+  writeFileSync(
+    nodesFile,
+    JSON.stringify([{ id: "fake", url: node.url, models: { "swarm-prime": "fake" }, capacity: 4 }]),
+  )
+  gateway = await startInProcess(nodesFile, `sqlite:${join(dir, "gateway.db")}`)
+  ;({ server, port, admin } = gateway)
 }, 60_000)
 
 afterAll(async () => {
-  await Effect.runPromise(Scope.close(scope, Exit.void)).catch(() => {})
-  await dispose?.()
+  await gateway?.stop()
   node?.server.closeAllConnections()
   node?.server.close()
   rmSync(dir, { recursive: true, force: true })
 })
-
-const admin = async <T = Record<string, unknown>>(method: string, path: string, body?: unknown) => {
-  const response = await fetch(`http://127.0.0.1:${port}/admin/v1${path}`, {
-    method,
-    headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  })
-  return (await response.json()) as T
-}
 
 const issueKey = async () => {
   const account = await admin<{ id: string }>("POST", "/accounts", { name: "in-process", balance_usd: 100 })
@@ -197,7 +251,7 @@ describe("bad-key floods", () => {
     }
     const models = (key: string) =>
       `GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`
-    lookups = 0
+    gateway!.resetLookups()
     const started = Date.now()
     // Pipelined on 4 connections, 2,500 requests each.
     const statuses = await Promise.all(
@@ -225,12 +279,12 @@ describe("bad-key floods", () => {
     expect(statuses.flat().filter((s) => s !== "401")).toEqual([])
     expect(statuses.flat()).toHaveLength(10_000)
     // Only the well-formed keys (valid checksum) were looked up: each once per second of cache at most.
-    expect(lookups).toBeGreaterThanOrEqual(unknown.length)
-    expect(lookups).toBeLessThanOrEqual(unknown.length * (seconds + 1))
-    console.info(`10,000 bad keys in ${seconds} s: ${lookups} repository lookups`)
+    expect(gateway!.lookups()).toBeGreaterThanOrEqual(unknown.length)
+    expect(gateway!.lookups()).toBeLessThanOrEqual(unknown.length * (seconds + 1))
+    console.info(`10,000 bad keys in ${seconds} s: ${gateway!.lookups()} repository lookups`)
 
     // A valid key: one lookup, then the cache.
-    lookups = 0
+    gateway!.resetLookups()
     for (let i = 0; i < 20; i++) {
       const response = await fetch(`http://127.0.0.1:${port}/v1/models`, {
         headers: { authorization: `Bearer ${valid}` },
@@ -238,7 +292,7 @@ describe("bad-key floods", () => {
       expect(response.status).toBe(200)
       await response.text()
     }
-    expect(lookups).toBeLessThanOrEqual(2)
+    expect(gateway!.lookups()).toBeLessThanOrEqual(2)
   }, 30_000)
 })
 
@@ -340,62 +394,117 @@ describe("SSE backpressure", () => {
  * its key is cached: the client going away must still reach everything it
  * acquired, through the plain run's own interruption.
  */
+/**
+ * A client gone mid-stream on the plain path: the node stopped, its slot and
+ * hold released, what was sent charged.
+ */
+const abortOnPlainPath = async ({ admin, port, lookups }: InProcess) => {
+  const account = await admin<{ id: string }>("POST", "/accounts", { name: "plain", balance_usd: 100 })
+  const key = (await admin<{ key: string }>("POST", `/accounts/${account.id}/keys`, {})).key
+  const ask = (stream: boolean, maxTokens: number, signal?: AbortSignal) =>
+    fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "swarm-prime",
+        stream,
+        max_tokens: maxTokens,
+        messages: [{ role: "user", content: "Hi" }],
+      }),
+      ...(signal === undefined ? {} : { signal }),
+    })
+  const money = async () => {
+    const found = await admin<{ balance_usd: number; held_usd: number }>("GET", `/accounts/${account.id}`)
+    return { balance: found.balance_usd, held: found.held_usd }
+  }
+  // The first request looks the key up; the next, right after it, finds it cached and starts on
+  // the plain path (no lookup) — unless the machine was so slow that the cache second passed.
+  const warmedAt = Date.now()
+  const warm = await ask(false, 4)
+  expect(warm.status).toBe(200)
+  await warm.json()
+  const lookedUp = lookups()
+  const before = await money()
+  expect(before.held).toBe(0)
+
+  const controller = new AbortController()
+  const response = await ask(true, 4_000, controller.signal)
+  // The key's lookup, at the first request's start, is trusted for a second.
+  const cached = Date.now() - warmedAt < 900
+  expect(response.status).toBe(200)
+  const reader = response.body!.getReader()
+  const decoder = new TextDecoder()
+  let text = ""
+  while (!text.includes('"content":" a"')) text += decoder.decode((await reader.read()).value)
+  if (cached) expect(lookups()).toBe(lookedUp)
+  controller.abort()
+
+  const until = Date.now() + 10_000
+  const settled = async () => {
+    const nodes = await admin<{ data: ReadonlyArray<{ id: string; in_flight: number }> }>("GET", "/nodes")
+    const now = await money()
+    return node.aborted && nodes.data.every((n) => n.in_flight === 0) && now.held === 0 ? now : undefined
+  }
+  let after = await settled()
+  while (after === undefined && Date.now() < until) {
+    await new Promise((r) => setTimeout(r, 50))
+    after = await settled()
+  }
+  expect(after).toBeDefined()
+  expect(node.finished).toBe(false)
+  // Generation started: charged (for what went out), the hold resolved.
+  expect(after!.balance).toBeLessThan(before.balance)
+}
+
 describe("the common chat completion, run by plain calls", () => {
-  it("a client gone mid-stream: the node stopped, its slot and hold released, what was sent charged", async () => {
-    const account = await admin<{ id: string }>("POST", "/accounts", { name: "plain", balance_usd: 100 })
-    const key = (await admin<{ key: string }>("POST", `/accounts/${account.id}/keys`, {})).key
-    const ask = (stream: boolean, maxTokens: number, signal?: AbortSignal) =>
-      fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+  it("a JSON completion with its key cached starts no fiber", async () => {
+    const key = await issueKey()
+    const ask = async () => {
+      const response = await fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
         method: "POST",
         headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
         body: JSON.stringify({
           model: "swarm-prime",
-          stream,
-          max_tokens: maxTokens,
+          max_tokens: 2,
           messages: [{ role: "user", content: "Hi" }],
         }),
-        ...(signal === undefined ? {} : { signal }),
       })
-    const money = async () => {
-      const found = await admin<{ balance_usd: number; held_usd: number }>("GET", `/accounts/${account.id}`)
-      return { balance: found.balance_usd, held: found.held_usd }
+      expect(response.status).toBe(200)
+      await response.json()
     }
-    // The first request looks the key up; the next, right after it, finds it cached and starts on
-    // the plain path (no lookup) — unless the machine was so slow that the cache second passed.
-    const warmedAt = Date.now()
-    const warm = await ask(false, 4)
-    expect(warm.status).toBe(200)
-    await warm.json()
-    const lookedUp = lookups
-    const before = await money()
-    expect(before.held).toBe(0)
-
-    const controller = new AbortController()
-    const response = await ask(true, 4_000, controller.signal)
-    // The key's lookup, at the first request's start, is trusted for a second.
-    const cached = Date.now() - warmedAt < 900
-    expect(response.status).toBe(200)
-    const reader = response.body!.getReader()
-    const decoder = new TextDecoder()
-    let text = ""
-    while (!text.includes('"content":" a"')) text += decoder.decode((await reader.read()).value)
-    if (cached) expect(lookups).toBe(lookedUp)
-    controller.abort()
-
-    const until = Date.now() + 10_000
-    const settled = async () => {
-      const nodes = await admin<{ data: ReadonlyArray<{ id: string; in_flight: number }> }>("GET", "/nodes")
-      const now = await money()
-      return node.aborted && nodes.data.every((n) => n.in_flight === 0) && now.held === 0 ? now : undefined
-    }
-    let after = await settled()
-    while (after === undefined && Date.now() < until) {
-      await new Promise((r) => setTimeout(r, 50))
-      after = await settled()
-    }
-    expect(after).toBeDefined()
-    expect(node.finished).toBe(false)
-    // Generation started: charged (for what went out), the hold resolved.
-    expect(after!.balance).toBeLessThan(before.balance)
+    await ask()
+    const before = gateway!.fibers()
+    const requests = 40
+    for (let i = 0; i < requests; i++) await ask()
+    // A request whose key the cache let go (once a second) runs on a fiber, as does background work;
+    // the common request, on none (one each before the plain path).
+    expect(gateway!.fibers() - before).toBeLessThan(requests / 2)
   }, 30_000)
+
+  it(
+    "a client gone mid-stream: the node stopped, its slot and hold released, what was sent charged",
+    () => abortOnPlainPath(gateway!),
+    30_000,
+  )
+
+  // Scaled out (Redis limits and book), the request's admission and hold are Redis replies read by
+  // plain calls, and their release and settlement run when its scope closes.
+  it.skipIf(redisUrl === undefined && process.env.SWARMGATE_REQUIRE_SERVICES !== "1")(
+    "scaled out: the same, the permit and hold in Redis",
+    async () => {
+      if (redisUrl === undefined) throw new Error("TEST_REDIS_URL is required (SWARMGATE_REQUIRE_SERVICES=1)")
+      const prefix = `test:plain:${randomBytes(6).toString("hex")}:`
+      const scaled = await startInProcess(nodesFile, `sqlite:${join(dir, "scaled.db")}`, [
+        ["REDIS_URL", redisUrl],
+        ["SWARMGATE_REDIS_PREFIX", prefix],
+      ])
+      try {
+        await abortOnPlainPath(scaled)
+      } finally {
+        await scaled.stop()
+        await Effect.runPromise(RedisStore.reset({ url: redisUrl, prefix }))
+      }
+    },
+    60_000,
+  )
 })

@@ -90,6 +90,12 @@ export interface HoldSent {
    */
   readonly hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>
   /**
+   * `hold` by plain calls, instead of running it: `then` gets, once the
+   * book's answer is in, the hold as an `Exit` where it was placed at the
+   * first try, else `hold` itself to run (the same steps as ever).
+   */
+  readonly observe: (then: (hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>) => void) => void
+  /**
    * Settles what ran (as `settle`) — or voids the hold, with no settlement —
    * exactly once; nothing when no hold was placed. Sent at the call once the
    * hold is known (else after its answer), `now` from the caller's clock;

@@ -671,7 +671,7 @@ export const make = (
     const reserveSent = (input: ReserveInput, now: number): HoldSent => {
       // Placed, the hold is this instance's from its reply on (renewed, swept, resolvable), not from
       // when its owner waits for it: a request queued for a concurrency slot may wait past a lease.
-      const raw = R.send(
+      const raw = R.sendNow(
         redis,
         Scripts.reserve,
         reserveKeys(input),
@@ -690,27 +690,40 @@ export const make = (
         settlement === undefined
           ? Effect.as(voidSent(input.requestId), undefined)
           : settleSent(input.requestId, settlement, at)
+      const hold = Effect.uninterruptible(
+        Effect.suspend(() => {
+          started = true
+          // A hold placed at the first try in one step; anything else as `reserve` goes on.
+          return Effect.matchEffect(raw.wait, {
+            onSuccess: (reply) => {
+              const result = reserveReply(reply)
+              if (typeof result === "string")
+                return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
+              // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
+              const hold = local.get(input.requestId)
+              return hold === undefined ? reserve(input) : Effect.succeed(hold)
+            },
+            onFailure: (e) => {
+              firstFailed = true
+              return Effect.gen(() => holdSentBody(input, Effect.fail(e), now))
+            },
+          })
+        }),
+      )
       return {
-        hold: Effect.uninterruptible(
-          Effect.suspend(() => {
+        hold,
+        observe: (then) =>
+          raw.observe((reply) => {
+            // Placed at the first try (the reply's handler put it in `local`): the hold by plain
+            // calls, as `hold` would give it; anything else is `hold` to run.
+            const placedHold =
+              Exit.isExit(reply) && Exit.isSuccess(reply as Exit.Exit<unknown, unknown>)
+                ? local.get(input.requestId)
+                : undefined
+            if (placedHold === undefined) return then(hold)
             started = true
-            // A hold placed at the first try in one step; anything else as `reserve` goes on.
-            return Effect.matchEffect(raw, {
-              onSuccess: (reply) => {
-                const result = reserveReply(reply)
-                if (typeof result === "string")
-                  return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
-                // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
-                const hold = local.get(input.requestId)
-                return hold === undefined ? reserve(input) : Effect.succeed(hold)
-              },
-              onFailure: (e) => {
-                firstFailed = true
-                return Effect.gen(() => holdSentBody(input, Effect.fail(e), now))
-              },
-            })
+            then(Exit.succeed(placedHold))
           }),
-        ),
         resolve: (settlement, at) => {
           if (resolved) return Effect.succeed(undefined)
           resolved = true
@@ -718,7 +731,7 @@ export const make = (
           if (started && !firstFailed) return resolveNow(settlement, at)
           // Otherwise once the answer is in (not interruptible: the hold may be placed meanwhile).
           return Effect.uninterruptible(
-            Effect.flatMap(Effect.exit(raw), (answer) => {
+            Effect.flatMap(Effect.exit(raw.wait), (answer) => {
               const { requestId } = input
               if (Exit.isSuccess(answer) || local.has(requestId) || fallbackHolds.has(requestId))
                 return resolveNow(settlement, at)

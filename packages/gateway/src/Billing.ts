@@ -84,11 +84,11 @@ export const resolveSent = (
     onSettled,
   )
 
-/** The wait for a sent hold; storage trouble is the service's (503), not the caller's. */
+/** The wait for a sent hold (`HoldSent.hold`, or what `observe` gave); storage trouble is the service's (503), not the caller's. */
 export const heldSent = (
-  holding: Billing.HoldSent,
+  hold: Effect.Effect<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>,
 ): Effect.Effect<Billing.Hold, Billing.ReserveRefusal | AdmissionUnavailable> =>
-  Effect.catchTag(holding.hold, "BillingUnavailable", storageTrouble)
+  Effect.catchTag(hold, "BillingUnavailable", storageTrouble)
 
 const storageTrouble = (e: Billing.BillingUnavailable) =>
   Effect.zipRight(Effect.logError(`billing: ${e.reason}`, e.cause), Effect.fail(unavailable()))

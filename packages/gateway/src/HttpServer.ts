@@ -15,6 +15,7 @@ import {
   AdmissionUnavailable,
   type ApiError,
   decodeChatCompletionRequest,
+  exitOf,
   InternalError,
   InvalidRequest,
   isApiError,
@@ -282,15 +283,40 @@ const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRe
     services.billing,
     services.clock,
   )
-  if (!Either.isEither(admitted)) {
-    run.done(Effect.flatMap(admitted, (both) => respondAdmitted(edge, principal, request, outcome, both)))
+  if (admitted instanceof AwaitingStore) {
+    admitted.observe((decided) =>
+      run.guarded(() => answerAdmitted(edge, principal, request, outcome, run, decided)),
+    )
     return
   }
-  if (Either.isLeft(admitted)) {
-    run.done(Exit.fail(admitted.left))
-    return
+  answerAdmitted(edge, principal, request, outcome, run, admitted)
+}
+
+/** The answer once admitted and held by plain calls; anything else goes on by Effect, or ends the request. */
+const answerAdmitted = (
+  edge: EdgeRequest,
+  principal: Principal,
+  request: NormalizedRequest,
+  outcome: ChatCompletions.Outcome,
+  run: PlainRun,
+  /** An `Either` where both decided in memory, an `Exit` where the store's replies did. */
+  admitted: Either.Either<Admitted, AdmissionError> | Effect.Effect<Admitted, AdmissionError>,
+) => {
+  const { services } = edge
+  let both: Admitted
+  if (Either.isEither(admitted)) {
+    if (Either.isLeft(admitted)) return run.done(Exit.fail(admitted.left))
+    both = admitted.right
+  } else {
+    const exit = exitOf(admitted)
+    if (exit === undefined)
+      return run.done(
+        Effect.flatMap(admitted, (both) => respondAdmitted(edge, principal, request, outcome, both)),
+      )
+    if (Exit.isFailure(exit)) return run.done(exit)
+    both = exit.value
   }
-  const { permit, hold } = admitted.right
+  const { permit, hold } = both
   ChatCompletions.respondNow(
     edge.scope,
     edge.res,
@@ -308,6 +334,19 @@ const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRe
 
 type Admitted = { readonly permit: Quota.Permit; readonly hold: BillingService.Hold }
 type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
+
+/**
+ * Admission and hold sent to the shared store (Redis), their replies on
+ * their way: `observe` gives the outcome once both are in — an `Exit` where
+ * both came at once (admitted, held), else the Effect that goes on.
+ */
+class AwaitingStore {
+  constructor(readonly observe: (then: (decided: Effect.Effect<Admitted, AdmissionError>) => void) => void) {}
+  /** The same, waited for by a fiber (which goes on with what `observe` gives). */
+  wait(): Effect.Effect<Admitted, AdmissionError> {
+    return Effect.async<Admitted, AdmissionError>((resume) => this.observe(resume))
+  }
+}
 
 /**
  * The permit, then the hold — in that order where both decide in memory, and
@@ -330,8 +369,8 @@ const admitAndHold = (
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
 ): Effect.Effect<Admitted, AdmissionError, Quota.Quota | BillingService.Billing> =>
-  Effect.withFiberRuntime((fiber) =>
-    admitAndHoldWith(
+  Effect.withFiberRuntime((fiber) => {
+    const admitted = admitAndHoldWith(
       edge,
       principal,
       request,
@@ -340,13 +379,14 @@ const admitAndHold = (
       Context.unsafeGet(fiber.currentContext, Quota.Quota),
       Context.unsafeGet(fiber.currentContext, BillingService.Billing),
       Context.get(fiber.currentDefaultServices, Clock.Clock),
-    ),
-  )
+    )
+    return admitted instanceof AwaitingStore ? admitted.wait() : admitted
+  })
 
 /**
- * `admitAndHold` by plain calls, the services given: an `Either`
- * where both decided in memory (an Either is an Effect too), else the
- * Effect that waits for them.
+ * `admitAndHold` by plain calls, the services given: an `Either` where
+ * both decided in memory (an Either is an Effect too), both sent to the
+ * shared store (`AwaitingStore`), else the Effect that waits for them.
  */
 const admitAndHoldWith = (
   edge: EdgeRequest,
@@ -357,7 +397,7 @@ const admitAndHoldWith = (
   quota: Quota.QuotaShape,
   billing: BillingService.BillingShape,
   clock: Clock.Clock,
-): Either.Either<Admitted, AdmissionError> | Effect.Effect<Admitted, AdmissionError> => {
+): Either.Either<Admitted, AdmissionError> | AwaitingStore | Effect.Effect<Admitted, AdmissionError> => {
   const { res, requestId, services, scope } = edge
   const model = request.preset.id
   const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
@@ -411,30 +451,48 @@ const admitAndHoldWith = (
   )
   holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
   const held = holding
-  // The admission's refusal wins over the hold's: it is read first.
-  return Effect.matchEffect(admittingSent.admission, {
-    onFailure: (error) => {
-      gauges.refused()
-      return Effect.fail(error)
-    },
-    onSuccess: (
-      decided,
-    ): Effect.Effect<
-      { readonly permit: Quota.Permit; readonly hold: BillingService.Hold },
-      Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
-    > => {
-      if (decided._tag === "Refused") {
-        Limits.setRateHeaders(res, decided.rates)
+  // The admission's refusal wins over the hold's: it is read first. Each reply is read by plain
+  // calls; a step that needs Effect (a refusal's release, a queue, a failure) is handed on.
+  return new AwaitingStore((then) =>
+    admittingSent.observe((admission) => {
+      const exit = exitOf(admission)
+      if (exit === undefined) return then(Effect.flatMap(admission, admittedThen))
+      if (Exit.isFailure(exit)) {
         gauges.refused()
-        return Effect.fail(decided.error)
+        // A failure carries no value: its type is the admission's.
+        return then(exit as Exit.Exit<never, AdmissionUnavailable>)
       }
-      permitted = true
-      const { permit } = decided
-      Limits.setRateHeaders(res, permit.rates)
-      gauges.admitted()
-      return Effect.map(Billing.heldSent(held), (hold) => ({ permit, hold }))
-    },
-  })
+      const decided = admittedNow(exit.value)
+      if (Exit.isExit(decided)) return then(decided)
+      const permit = decided
+      held.observe((hold) => {
+        const placed = exitOf(hold)
+        then(
+          placed !== undefined && Exit.isSuccess(placed)
+            ? Exit.succeed({ permit, hold: placed.value })
+            : Effect.map(Billing.heldSent(hold), (h) => ({ permit, hold: h })),
+        )
+      })
+    }),
+  )
+  /** The store's decision: the permit (its rates noted), or the refusal as an `Exit`. */
+  function admittedNow(decided: Quota.Admission): Quota.Permit | Exit.Exit<never, AdmissionError> {
+    if (decided._tag === "Refused") {
+      Limits.setRateHeaders(res, decided.rates)
+      gauges.refused()
+      return Exit.fail(decided.error)
+    }
+    permitted = true
+    Limits.setRateHeaders(res, decided.permit.rates)
+    gauges.admitted()
+    return decided.permit
+  }
+  /** After an admission that ran by Effect: the hold waited for by Effect too. */
+  function admittedThen(decided: Quota.Admission): Effect.Effect<Admitted, AdmissionError> {
+    const permit = admittedNow(decided)
+    if (Exit.isExit(permit)) return permit
+    return Effect.map(Billing.heldSent(held.hold), (hold) => ({ permit, hold }))
+  }
 }
 
 /**

@@ -1,5 +1,6 @@
 export * from "./Encode"
 export * from "./Errors"
+export * from "./Exits"
 export * from "./LinkedSet"
 export * from "./RequestDecoding"
 export * from "./Schemas"

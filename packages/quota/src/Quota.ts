@@ -130,6 +130,13 @@ export interface AdmissionSent {
    * does (a queue wait, the lease). Run it once, or not at all.
    */
   readonly admission: Effect.Effect<Admission, AdmissionUnavailable>
+  /**
+   * `admission` by plain calls, instead of running it: `then` gets, once
+   * the store's reply is in, the admission as an `Exit` where it came at
+   * once (admitted), else `admission` itself to run (a refusal, a queue, a
+   * failure: the same steps as ever).
+   */
+  readonly observe: (then: (admission: Effect.Effect<Admission, AdmissionUnavailable>) => void) => void
   /** Whether the permit's units are committed (charged). */
   readonly committed: () => boolean
   /**
@@ -652,8 +659,15 @@ const build = (store: Store, options: QuotaOptions) =>
     const admitSent = (input: AdmitRequest, clock: Clock.Clock): AdmissionSent => {
       const send = sendNow!
       const request = normalizeCached(input)
-      if (inFlight >= maxInFlight)
-        return { admission: Effect.fail(instanceFull), committed: () => false, release: () => Effect.void }
+      if (inFlight >= maxInFlight) {
+        const full = Exit.fail(instanceFull)
+        return {
+          admission: full,
+          observe: (then) => then(full),
+          committed: () => false,
+          release: () => Effect.void,
+        }
+      }
       inFlight++
       const permit = newPermitIdNow()
       const state: PermitState = { done: false, committed: false, committedAt: undefined, lease: undefined }
@@ -666,16 +680,29 @@ const build = (store: Store, options: QuotaOptions) =>
             admissionSentBody(send, request, permit, state, Effect.succeed(first), maxWait, clock, restore),
           ),
         )
+      // Admitted at once in one step; a refusal, a queue or a failure as `admit` goes on.
+      const admission = Effect.matchEffect(sent.wait, {
+        onSuccess: (outcome) => {
+          if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
+          state.answer = Either.right(outcome)
+          return Effect.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
+        },
+        onFailure: (error) => decide(Either.left(error)),
+      })
       return {
-        // Admitted at once in one step; a refusal, a queue or a failure as `admit` goes on.
-        admission: Effect.matchEffect(sent, {
-          onSuccess: (outcome) => {
-            if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
-            state.answer = Either.right(outcome)
-            return Effect.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
-          },
-          onFailure: (error) => decide(Either.left(error)),
-        }),
+        admission,
+        observe: (then) =>
+          sent.observe((reply) => {
+            const exit = Exit.isExit(reply) ? (reply as Exit.Exit<AdmitOutcome, StoreUnavailable>) : undefined
+            if (exit !== undefined && Exit.isSuccess(exit) && exit.value._tag === "Admitted") {
+              const outcome = exit.value
+              state.answer = Either.right(outcome)
+              return then(
+                Exit.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock)),
+              )
+            }
+            then(admission)
+          }),
         committed: () => state.committed,
         release: (commit) => {
           if (state.done) return Effect.void
@@ -688,7 +715,7 @@ const build = (store: Store, options: QuotaOptions) =>
           // The answer was never read (the caller stopped before it): read it, then release — not
           // interruptibly, or the release would be lost.
           return Effect.uninterruptible(
-            Effect.flatMap(Effect.exit(sent), (exit) =>
+            Effect.flatMap(Effect.exit(sent.wait), (exit) =>
               release(Exit.isSuccess(exit) ? Either.right(exit.value) : Either.left(unreadable)),
             ),
           )

@@ -174,11 +174,11 @@ const evalScript = <E>(
     try {
       error = mapFailure(failure(cause))
     } catch (thrown) {
-      return done(Effect.die(thrown))
+      return done(Exit.die(thrown))
     }
-    done(Effect.fail(error))
+    done(Exit.fail(error))
   }
-  const succeed = (reply: unknown) => done(replied === undefined ? Effect.succeed(reply) : replied(reply))
+  const succeed = (reply: unknown) => done(replied === undefined ? Exit.succeed(reply) : replied(reply))
   try {
     corkTurn(redis)
     redis.evalsha(script.sha, keys.length, ...keys, ...args).then(succeed, (error: unknown) => {
@@ -214,14 +214,62 @@ export const run = <E = RedisFailure>(
   )
 
 /**
- * `run`, sent now: the script leaves at the call — with whatever else is sent
- * in the same tick, in one write — and the Effect returned waits for its
- * reply (at once if it came already). So a caller can send several commands
- * before it waits for any, without forking a fiber for each. Every run of the
- * Effect sees the same reply; the command is sent once whether or not it
- * runs.
+ * A command's reply on its way: waited for as an Effect (`wait`), or
+ * observed by plain calls (`observe`), as a caller on no fiber does. Every
+ * reader sees the same outcome.
  */
-export const send = <E = RedisFailure>(
+export class Reply<A, E> {
+  private outcome: Effect.Effect<A, E> | undefined = undefined
+  private waiting: Array<(outcome: Effect.Effect<A, E>) => void> | undefined = undefined
+  /** Waits for the reply (at once if it came already). */
+  readonly wait: Effect.Effect<A, E> = Effect.async<A, E>((resume) => this.observe(resume))
+
+  /**
+   * Calls `then` with the outcome once it is in (at once if it is): an
+   * `Exit` for a reply or a failure made by `Exit`, else the Effect to run.
+   */
+  observe(then: (outcome: Effect.Effect<A, E>) => void): void {
+    if (this.outcome !== undefined) then(this.outcome)
+    else if (this.waiting === undefined) this.waiting = [then]
+    else this.waiting.push(then)
+  }
+
+  /** The outcome, once; what waits for it is told. */
+  settle(outcome: Effect.Effect<A, E>): void {
+    if (this.outcome !== undefined) return
+    this.outcome = outcome
+    const waiting = this.waiting
+    this.waiting = undefined
+    if (waiting !== undefined) for (const then of waiting) then(outcome)
+  }
+
+  /** The same reply read by `f`: by a plain call on an `Exit` (a throw: a defect), else by `Effect.map`. */
+  map<B>(f: (a: A) => B): Reply<B, E> {
+    const mapped = new Reply<B, E>()
+    this.observe((outcome) => {
+      if (!Exit.isExit(outcome)) return mapped.settle(Effect.map(outcome, f))
+      const exit = outcome as Exit.Exit<A, E>
+      if (Exit.isFailure(exit)) return mapped.settle(Exit.failCause(exit.cause))
+      let value: B
+      try {
+        value = f(exit.value)
+      } catch (thrown) {
+        return mapped.settle(Exit.die(thrown))
+      }
+      mapped.settle(Exit.succeed(value))
+    })
+    return mapped
+  }
+}
+
+/**
+ * `run`, sent now: the script leaves at the call — with whatever else is sent
+ * in the same tick, in one write — and the `Reply` returned is waited for or
+ * observed (at once if it came already). So a caller can send several
+ * commands before it waits for any, without forking a fiber for each. The
+ * command is sent once whether or not anything reads the reply.
+ */
+export const sendNow = <E = RedisFailure>(
   redis: Redis,
   script: Script,
   keys: ReadonlyArray<string>,
@@ -230,32 +278,33 @@ export const send = <E = RedisFailure>(
   resendIf?: () => boolean,
   /** Called with the reply as it arrives, whether or not anything waits for it (a throw: a defect). */
   onReply?: (reply: unknown) => void,
-): Effect.Effect<unknown, E> => {
-  let outcome: Effect.Effect<unknown, E> | undefined
-  let waiting: Array<(outcome: Effect.Effect<unknown, E>) => void> | undefined
+): Reply<unknown, E> => {
+  const sent = new Reply<unknown, E>()
   const reply =
     onReply === undefined
       ? undefined
       : (value: unknown): Effect.Effect<unknown, E> => {
           try {
             onReply(value)
-            return Effect.succeed(value)
+            return Exit.succeed(value)
           } catch (thrown) {
-            return Effect.die(thrown)
+            return Exit.die(thrown)
           }
         }
-  evalScript(redis, script, keys, args, mapFailure, resendIf, reply, (result) => {
-    outcome = result
-    const resumes = waiting
-    waiting = undefined
-    if (resumes !== undefined) for (const resume of resumes) resume(result)
-  })
-  return Effect.async<unknown, E>((resume) => {
-    if (outcome !== undefined) return resume(outcome)
-    if (waiting === undefined) waiting = [resume]
-    else waiting.push(resume)
-  })
+  evalScript(redis, script, keys, args, mapFailure, resendIf, reply, (result) => sent.settle(result))
+  return sent
 }
+
+/** `sendNow`'s reply as the Effect that waits for it (every run sees the same reply). */
+export const send = <E = RedisFailure>(
+  redis: Redis,
+  script: Script,
+  keys: ReadonlyArray<string>,
+  args: ReadonlyArray<string | number>,
+  mapFailure: (failure: RedisFailure) => E = (f) => f as E,
+  resendIf?: () => boolean,
+  onReply?: (reply: unknown) => void,
+): Effect.Effect<unknown, E> => sendNow(redis, script, keys, args, mapFailure, resendIf, onReply).wait
 
 /**
  * A warning logger that lets one message through per `intervalMillis` and drops the rest: while

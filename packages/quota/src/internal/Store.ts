@@ -2,6 +2,7 @@
  * What a store (memory, Redis) implements; `Quota.make` builds the service on
  * top of it: permits in scopes, exactly-once release, the failure policy.
  */
+import type { Redis } from "@swarmgate/store"
 import { Data, type Effect } from "effect"
 import type { QuotaPeriod, RateParams, RateState } from "./Algorithm"
 
@@ -121,13 +122,14 @@ export interface Store {
     held?: () => boolean,
   ) => Effect.Effect<void, StoreUnavailable>
   /**
-   * `admit` and `release` sent at the call (the Effect returned waits for the
-   * reply): a remote store's, so that a caller sends them with its other
-   * commands in one write. A store that has them defers commits (no `commit`).
+   * `admit` and `release` sent at the call (`admit`'s reply is waited for
+   * or observed, `release`'s Effect waits for it): a remote store's, so that
+   * a caller sends them with its other commands in one write. A store that
+   * has them defers commits (no `commit`).
    */
   readonly send?:
     | {
-        readonly admit: Store["admit"]
+        readonly admit: (request: Normalized, permit: string) => Redis.Reply<AdmitOutcome, StoreUnavailable>
         readonly release: Store["release"]
       }
     | undefined

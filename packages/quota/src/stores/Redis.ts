@@ -214,10 +214,13 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
 
     const send: Store["send"] = {
       admit: (request, permit) =>
-        Effect.map(
-          SharedRedis.send(redis, Scripts.admit, admitKeys(request), admitArgs(request, permit), unavailable),
-          (reply) => admitOutcome(request, reply as Reply),
-        ),
+        SharedRedis.sendNow(
+          redis,
+          Scripts.admit,
+          admitKeys(request),
+          admitArgs(request, permit),
+          unavailable,
+        ).map((reply) => admitOutcome(request, reply as Reply)),
       release: (request, permit, committed, commitAgoMicros) => {
         const sent = SharedRedis.send(
           redis,
