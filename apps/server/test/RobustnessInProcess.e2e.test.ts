@@ -390,11 +390,6 @@ describe("SSE backpressure", () => {
 })
 
 /**
- * The common chat completion runs on no fiber (HttpServer's `PlainRun`) once
- * its key is cached: the client going away must still reach everything it
- * acquired, through the plain run's own interruption.
- */
-/**
  * A client gone mid-stream on the plain path: the node stopped, its slot and
  * hold released, what was sent charged.
  */
@@ -456,6 +451,11 @@ const abortOnPlainPath = async ({ admin, port, lookups }: InProcess) => {
   expect(after!.balance).toBeLessThan(before.balance)
 }
 
+/**
+ * The common chat completion runs on no fiber (HttpServer's `PlainRun`) once
+ * its key is cached: the client going away must still reach everything it
+ * acquired, through the plain run's own interruption.
+ */
 describe("the common chat completion, run by plain calls", () => {
   it("a JSON completion with its key cached starts no fiber", async () => {
     const key = await issueKey()
@@ -474,6 +474,8 @@ describe("the common chat completion, run by plain calls", () => {
     }
     await ask()
     const before = gateway!.fibers()
+    // The supervisor counts: the first request looked its key up on a fiber.
+    expect(before).toBeGreaterThan(0)
     const requests = 40
     for (let i = 0; i < requests; i++) await ask()
     // A request whose key the cache let go (once a second) runs on a fiber, as does background work;

@@ -92,7 +92,8 @@ export interface HoldSent {
   /**
    * `hold` by plain calls, instead of running it: `then` gets, once the
    * book's answer is in, the hold as an `Exit` where it was placed at the
-   * first try, else `hold` itself to run (the same steps as ever).
+   * first try, else `hold` itself to run (the same steps as ever). Read
+   * the hold once: by `observe` or by running `hold`, not both.
    */
   readonly observe: (then: (hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>) => void) => void
   /**

@@ -634,34 +634,55 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
   suite("SQLite", Database.layer("sqlite::memory:"), redis)
   // Holds sent at the call (what the gateway uses scaled out): `reserve` rebuilt from `reserveSent`,
   // settlements through the hold's `resolve` (voids through `void`, whose answer the suite reads).
-  const sent: MakeBilling = (options) =>
-    Effect.map(redis(options), (book): Billing.BillingShape => {
-      const reserveSent = book.reserveSent
-      if (reserveSent === undefined) throw new Error("the Redis book sends at the call")
-      const holds = new Map<string, Billing.HoldSent>()
-      return {
-        ...book,
-        reserve: (input) =>
-          Effect.flatMap(Clock.currentTimeMillis, (now) => {
-            const holding = reserveSent(input, now)
-            holds.set(input.requestId, holding)
-            return holding.hold
-          }),
-        settle: (requestId, settlement) =>
-          Effect.flatMap(Clock.currentTimeMillis, (now) => {
-            const holding = holds.get(requestId)
+  const sentWith =
+    (
+      read: (
+        holding: Billing.HoldSent,
+      ) => Effect.Effect<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>,
+    ): MakeBilling =>
+    (options) =>
+      Effect.map(redis(options), (book): Billing.BillingShape => {
+        const reserveSent = book.reserveSent
+        if (reserveSent === undefined) throw new Error("the Redis book sends at the call")
+        const holds = new Map<string, Billing.HoldSent>()
+        return {
+          ...book,
+          reserve: (input) =>
+            Effect.flatMap(Clock.currentTimeMillis, (now) => {
+              const holding = reserveSent(input, now)
+              holds.set(input.requestId, holding)
+              return read(holding)
+            }),
+          settle: (requestId, settlement) =>
+            Effect.flatMap(Clock.currentTimeMillis, (now) => {
+              const holding = holds.get(requestId)
+              holds.delete(requestId)
+              return holding === undefined
+                ? book.settle(requestId, settlement)
+                : holding.resolve(settlement, now)
+            }),
+          void: (requestId) => {
             holds.delete(requestId)
-            return holding === undefined
-              ? book.settle(requestId, settlement)
-              : holding.resolve(settlement, now)
-          }),
-        void: (requestId) => {
-          holds.delete(requestId)
-          return book.void(requestId)
-        },
-      }
-    })
-  suite("SQLite, holds sent at the call", Database.layer("sqlite::memory:"), sent)
+            return book.void(requestId)
+          },
+        }
+      })
+  suite(
+    "SQLite, holds sent at the call",
+    Database.layer("sqlite::memory:"),
+    sentWith((holding) => holding.hold),
+  )
+  // The same, the reply read by plain calls (the gateway's plain path): `observe` gives an Exit for
+  // a hold placed at once, else `hold` to run.
+  suite(
+    "SQLite, holds sent at the call and observed",
+    Database.layer("sqlite::memory:"),
+    sentWith((holding) =>
+      Effect.async<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>((resume) =>
+        holding.observe(resume),
+      ),
+    ),
+  )
 
   layer(Database.layer("sqlite::memory:"), { timeout: "120 seconds" })("a hold sent at the call", (it) => {
     // The gateway sends the hold with the admission, then may wait in the admission's queue first.

@@ -189,6 +189,8 @@ export const sourcesIn = (scope: Scope.Scope): Effect.Effect<Sources> =>
 // --- the alarm --------------------------------------------------------------------------
 
 const realClock = Effect.runSync(Effect.clock)
+const MAX_TIMER_MILLIS = 2 ** 31 - 1
+const constVoid = () => undefined
 
 /** Calls `fire` after `millis` on `runtime`'s clock; returns the cancel. */
 export type Alarm = (millis: number, fire: () => void) => () => void
@@ -197,6 +199,8 @@ export const alarmOn = (sources: Pick<Sources, "runtime" | "clock">): Alarm => {
   const { clock } = sources
   if (clock === realClock) {
     return (millis, fire) => {
+      // Beyond a timer's range Node fires at once; Effect's sleep of it never ends. So neither here.
+      if (!(millis <= MAX_TIMER_MILLIS)) return constVoid
       const timer = setTimeout(fire, millis)
       return () => clearTimeout(timer)
     }
@@ -350,7 +354,7 @@ export const close = (attempt: Attempt): Effect.Effect<void> =>
  * one (the end, or the reader stopping early at the token cap) the speed
  * seen so far is recorded. One pull per chunk, no stream stages per event;
  * `next` is the same sequence by callback, for a node that enforces its idle
- * limit itself and was started by callback (HTTP nodes).
+ * limit itself and was started by callback (HTTP and simulated nodes).
  */
 export const winner = (
   attempt: Attempt,

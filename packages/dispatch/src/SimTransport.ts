@@ -46,7 +46,7 @@ export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): Swar
           onSuccess: Chunk.map(toNodeEvent),
         }),
     )
-  const exitOf = (
+  const nodeExit = (
     exit: Exit.Exit<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>,
   ): Exit.Exit<Chunk.Chunk<NodeEvent>, Option.Option<NodeFailure>> => {
     if (Exit.isSuccess(exit)) return Exit.succeed(Chunk.map(exit.value, toNodeEvent))
@@ -67,7 +67,7 @@ export const fromSimNode = (node: SimNode, presets: ReadonlyArray<Preset>): Swar
     const mapped = (exit: Exit.Exit<Chunk.Chunk<SimEvent>, Option.Option<SimNodeFailure>>) => {
       const done = reading
       reading = undefined
-      done?.(exitOf(exit))
+      done?.(nodeExit(exit))
     }
     const next: NodeNext = (done) => {
       reading = done

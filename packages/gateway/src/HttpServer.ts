@@ -183,9 +183,10 @@ const requestOf = (
 /**
  * The chat completion by plain calls, on no fiber: the key from the cache,
  * the body by callback, decode and policy, admission and hold in memory, the
- * run begun and read by callback, the answer written. Where a step needs
- * Effect (a key to look up, a queue, Redis, the strategy's loop, a run read
- * by `pull`), `run.done` gets the Effect that goes on from there — the
+ * run begun and read by callback, the answer written; scaled out, the
+ * admission's and hold's Redis replies read by callback. Where a step needs
+ * Effect (a key to look up, a queue, a refusal or failure from Redis, the
+ * strategy's loop, a run read by `pull`), `run.done` gets the Effect that goes on from there — the
  * general path's own code — and runs it on a fiber. The same refusals, in
  * the same order.
  */
@@ -337,8 +338,9 @@ type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.Rese
 
 /**
  * Admission and hold sent to the shared store (Redis), their replies on
- * their way: `observe` gives the outcome once both are in — an `Exit` where
- * both came at once (admitted, held), else the Effect that goes on.
+ * their way: `observe` gives the outcome once it is known — an `Exit` where
+ * both replies decided at once (admitted and held, or refused), else the
+ * Effect that goes on.
  */
 class AwaitingStore {
   constructor(readonly observe: (then: (decided: Effect.Effect<Admitted, AdmissionError>) => void) => void) {}
@@ -453,17 +455,16 @@ const admitAndHoldWith = (
   const held = holding
   // The admission's refusal wins over the hold's: it is read first. Each reply is read by plain
   // calls; a step that needs Effect (a refusal's release, a queue, a failure) is handed on.
+  // In the store's reply callbacks: a throw is the request's defect, not the connection's.
   return new AwaitingStore((then) =>
     admittingSent.observe((admission) => {
-      const exit = exitOf(admission)
-      if (exit === undefined) return then(Effect.flatMap(admission, admittedThen))
-      if (Exit.isFailure(exit)) {
-        gauges.refused()
-        // A failure carries no value: its type is the admission's.
-        return then(exit as Exit.Exit<never, AdmissionUnavailable>)
+      let decided: Quota.Permit | Effect.Effect<Admitted, AdmissionError>
+      try {
+        decided = admittedBy(admission)
+      } catch (thrown) {
+        decided = Exit.die(thrown)
       }
-      const decided = admittedNow(exit.value)
-      if (Exit.isExit(decided)) return then(decided)
+      if (Effect.isEffect(decided)) return then(decided)
       const permit = decided
       held.observe((hold) => {
         const placed = exitOf(hold)
@@ -475,6 +476,23 @@ const admitAndHoldWith = (
       })
     }),
   )
+  /** The permit where the admission came at once, else how the request goes on (a refusal, the Effect path). */
+  function admittedBy(
+    admission: Effect.Effect<Quota.Admission, AdmissionUnavailable>,
+  ): Quota.Permit | Effect.Effect<Admitted, AdmissionError> {
+    const exit = exitOf(admission)
+    if (exit === undefined)
+      return Effect.flatMap(
+        Effect.tapError(admission, () => Effect.sync(gauges.refused)),
+        admittedThen,
+      )
+    if (Exit.isFailure(exit)) {
+      gauges.refused()
+      // A failure carries no value: its type is the admission's.
+      return exit as Exit.Exit<never, AdmissionUnavailable>
+    }
+    return admittedNow(exit.value)
+  }
   /** The store's decision: the permit (its rates noted), or the refusal as an `Exit`. */
   function admittedNow(decided: Quota.Admission): Quota.Permit | Exit.Exit<never, AdmissionError> {
     if (decided._tag === "Refused") {

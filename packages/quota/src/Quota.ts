@@ -6,7 +6,12 @@
  * closing the scope releases the slot exactly once and drops reservations that
  * were never committed — so a request refused later leaves no trace.
  */
-import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
+import {
+  AdmissionUnavailable,
+  ConcurrencyLimitExceeded,
+  exitOf,
+  RateLimitExceeded,
+} from "@swarmgate/protocol"
 import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
@@ -134,7 +139,8 @@ export interface AdmissionSent {
    * `admission` by plain calls, instead of running it: `then` gets, once
    * the store's reply is in, the admission as an `Exit` where it came at
    * once (admitted), else `admission` itself to run (a refusal, a queue, a
-   * failure: the same steps as ever).
+   * failure: the same steps as ever). Read the admission once: by
+   * `observe` or by running `admission`, not both.
    */
   readonly observe: (then: (admission: Effect.Effect<Admission, AdmissionUnavailable>) => void) => void
   /** Whether the permit's units are committed (charged). */
@@ -640,7 +646,8 @@ const build = (store: Store, options: QuotaOptions) =>
       rates: ReadonlyArray<RateStatus>,
       clock: Clock.Clock,
     ): Admission => {
-      if (leaseMillis !== undefined && !state.done) {
+      // Leased once, whichever read of the admission came first (`observe`, `admission`).
+      if (leaseMillis !== undefined && !state.done && state.lease === undefined) {
         const entry: Lease = { request, permit, state, renewedAt: clock.unsafeCurrentTimeMillis() }
         state.lease = entry
         leases.add(entry)
@@ -693,13 +700,18 @@ const build = (store: Store, options: QuotaOptions) =>
         admission,
         observe: (then) =>
           sent.observe((reply) => {
-            const exit = Exit.isExit(reply) ? (reply as Exit.Exit<AdmitOutcome, StoreUnavailable>) : undefined
+            const exit = exitOf(reply)
             if (exit !== undefined && Exit.isSuccess(exit) && exit.value._tag === "Admitted") {
               const outcome = exit.value
               state.answer = Either.right(outcome)
-              return then(
-                Exit.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock)),
-              )
+              let admitted: Admission
+              try {
+                admitted = admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock)
+              } catch (thrown) {
+                // In the store's reply callback: the request's defect, not the connection's.
+                return then(Exit.die(thrown))
+              }
+              return then(Exit.succeed(admitted))
             }
             then(admission)
           }),

@@ -2,6 +2,7 @@
  * One contract, two stores: memory (under TestClock) and a real Redis.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import type { AdmissionUnavailable } from "@swarmgate/protocol"
 import { Effect, Exit, Fiber, Layer, Scope, TestClock } from "effect"
 import * as Quota from "../src/Quota"
 import * as RedisStore from "../src/stores/Redis"
@@ -60,7 +61,11 @@ describe.skipIf(skipRedis)("redis store", () => {
 
   // The same contract through `admitSent` (what the gateway uses scaled out): the scoped admission
   // rebuilt from it, the release owed to the scope put in place before the first wait.
-  const sentLayerWith = (options: Quota.QuotaOptions) =>
+  const sentLayerWith = (
+    options: Quota.QuotaOptions,
+    read: (sent: Quota.AdmissionSent) => Effect.Effect<Quota.Admission, AdmissionUnavailable> = (sent) =>
+      sent.admission,
+  ) =>
     Layer.effect(
       Quota.Quota,
       Effect.map(Quota.Quota, (q): Quota.QuotaShape => {
@@ -76,7 +81,7 @@ describe.skipIf(skipRedis)("redis store", () => {
                   scope,
                   Effect.suspend(() => sent.release(false)),
                 ),
-                sent.admission,
+                read(sent),
               )
             }),
         }
@@ -95,6 +100,28 @@ describe.skipIf(skipRedis)("redis store", () => {
       it.live(
         `sent at the call: ${name}`,
         () => Effect.scoped(body()).pipe(Effect.provide(sentLayerWith({}))),
+        20_000,
+      ),
+  )
+
+  // The same, the decision read by plain calls (the gateway's plain path): `observe` gives an Exit
+  // for an admission at once, else `admission` to run.
+  const observedLayerWith = (options: Quota.QuotaOptions) =>
+    sentLayerWith(options, (sent) =>
+      Effect.async<Quota.Admission, AdmissionUnavailable>((resume) => sent.observe(resume)),
+    )
+  contract(
+    {
+      name: "redis, sent at the call and observed",
+      layerWith: observedLayerWith,
+      advance: (millis) => Effect.sleep(millis),
+      setTime: undefined,
+      settle: Effect.sleep(80),
+    },
+    (name, body) =>
+      it.live(
+        `sent and observed: ${name}`,
+        () => Effect.scoped(body()).pipe(Effect.provide(observedLayerWith({}))),
         20_000,
       ),
   )

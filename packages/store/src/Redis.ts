@@ -234,13 +234,27 @@ export class Reply<A, E> {
     else this.waiting.push(then)
   }
 
-  /** The outcome, once; what waits for it is told. */
+  /**
+   * The outcome, once; what waits for it is told — every observer, even
+   * after one threw (a finalizer may be among them). Observers on the
+   * request path guard their own code; a throw that still comes through is
+   * rethrown once all were told.
+   */
   settle(outcome: Effect.Effect<A, E>): void {
     if (this.outcome !== undefined) return
     this.outcome = outcome
     const waiting = this.waiting
     this.waiting = undefined
-    if (waiting !== undefined) for (const then of waiting) then(outcome)
+    if (waiting === undefined) return
+    let thrown: { readonly error: unknown } | undefined
+    for (const then of waiting) {
+      try {
+        then(outcome)
+      } catch (error) {
+        thrown ??= { error }
+      }
+    }
+    if (thrown !== undefined) throw thrown.error
   }
 
   /** The same reply read by `f`: by a plain call on an `Exit` (a throw: a defect), else by `Effect.map`. */
