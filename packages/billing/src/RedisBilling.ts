@@ -613,7 +613,7 @@ export const make = (
       const settled = settlementOf(requestId, hold, settlement, now)
       // The common answer in one step; a failure goes through the retries.
       return Effect.uninterruptible(
-        Effect.matchEffect(R.send(redis, Scripts.settle, settled.keys, settled.args), {
+        Effect.matchEffect(R.sendNow(redis, Scripts.settle, settled.keys, settled.args).wait, {
           onSuccess: (charged) => Effect.succeed(afterCharge(settled.entry, charged)),
           onFailure: (e) =>
             Effect.gen(() =>
@@ -648,7 +648,10 @@ export const make = (
     const voidSent = (requestId: string): Effect.Effect<boolean> => {
       if (fallback !== undefined && fallbackHolds.has(requestId)) return voidHold(requestId)
       if (!local.delete(requestId)) return Effect.succeed(false)
-      return voided(requestId, R.send(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]))
+      return voided(
+        requestId,
+        R.sendNow(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]).wait,
+      )
     }
 
     // Declared once per book, like `reserveAttemptBody`.
@@ -738,7 +741,7 @@ export const make = (
               // No answer (a timeout): the script may have run. Voiding what is not held changes nothing.
               // Sent, not waited for: a stalled Redis must not hold the request's error up another
               // command timeout (if it fails too, a placed hold lapses within its lease).
-              R.send(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId])
+              R.sendNow(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId])
               return Effect.succeed(undefined)
             }),
           )

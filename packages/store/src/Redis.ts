@@ -237,8 +237,9 @@ export class Reply<A, E> {
   /**
    * The outcome, once; what waits for it is told — every observer, even
    * after one threw (a finalizer may be among them). Observers on the
-   * request path guard their own code; a throw that still comes through is
-   * rethrown once all were told.
+   * request path turn their own throws into the request's defect; one that
+   * still throws is a bug, reported on stderr, never the connection's
+   * unhandled rejection (which would end the process).
    */
   settle(outcome: Effect.Effect<A, E>): void {
     if (this.outcome !== undefined) return
@@ -246,15 +247,13 @@ export class Reply<A, E> {
     const waiting = this.waiting
     this.waiting = undefined
     if (waiting === undefined) return
-    let thrown: { readonly error: unknown } | undefined
     for (const then of waiting) {
       try {
         then(outcome)
       } catch (error) {
-        thrown ??= { error }
+        console.error("swarmgate: a Redis reply's observer threw (a bug):", error)
       }
     }
-    if (thrown !== undefined) throw thrown.error
   }
 
   /** The same reply read by `f`: by a plain call on an `Exit` (a throw: a defect), else by `Effect.map`. */
@@ -308,17 +307,6 @@ export const sendNow = <E = RedisFailure>(
   evalScript(redis, script, keys, args, mapFailure, resendIf, reply, (result) => sent.settle(result))
   return sent
 }
-
-/** `sendNow`'s reply as the Effect that waits for it (every run sees the same reply). */
-export const send = <E = RedisFailure>(
-  redis: Redis,
-  script: Script,
-  keys: ReadonlyArray<string>,
-  args: ReadonlyArray<string | number>,
-  mapFailure: (failure: RedisFailure) => E = (f) => f as E,
-  resendIf?: () => boolean,
-  onReply?: (reply: unknown) => void,
-): Effect.Effect<unknown, E> => sendNow(redis, script, keys, args, mapFailure, resendIf, onReply).wait
 
 /**
  * A warning logger that lets one message through per `intervalMillis` and drops the rest: while

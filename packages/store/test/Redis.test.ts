@@ -4,7 +4,7 @@
  * (what lets a request's admission and hold cost one round trip).
  */
 import { createHash } from "node:crypto"
-import { describe, expect, it } from "@effect/vitest"
+import { describe, expect, it, vi } from "@effect/vitest"
 import { Effect, Exit, Scope } from "effect"
 import type { Redis as Client } from "ioredis"
 import * as Redis from "../src/Redis"
@@ -146,8 +146,8 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
           const sent = yield* writesDuring(
             client,
             Effect.suspend(() => {
-              const a = Redis.send(client, echo, [], ["a"])
-              const b = Redis.send(client, echo, [], ["b"])
+              const a = Redis.sendNow(client, echo, [], ["a"]).wait
+              const b = Redis.sendNow(client, echo, [], ["b"]).wait
               // Waited for in any order, and as often as the caller likes: the same reply each time.
               return Effect.all([b, a, a])
             }),
@@ -157,19 +157,37 @@ describe.skipIf(url === undefined && !required)("shared Redis connection", () =>
           const key = `swarmgate-test:${crypto.randomUUID()}`
           const set = scriptOf("return redis.call('SET', KEYS[1], ARGV[1])")
           yield* Redis.run(client, set, [key], ["loaded"])
-          Redis.send(client, set, [key], ["sent"])
+          Redis.sendNow(client, set, [key], ["sent"])
           expect(yield* Redis.command(() => client.get(key))).toBe("sent")
           yield* Redis.command(() => client.del(key))
           // A failure reaches each wait as the caller's own error.
-          const failing = Redis.send(
+          const failing = Redis.sendNow(
             client,
             scriptOf("return redis.error_reply('nope')"),
             [],
             [],
             (f) => f.reason,
+          ).wait
+          expect(yield* Effect.flip(failing)).toContain("nope")
+          expect(yield* Effect.flip(failing)).toContain("nope")
+          // Observed by plain calls: an Exit, to every observer (after one that throws too: reported,
+          // not the connection's unhandled rejection), at once for one that comes after the reply.
+          const observed = Redis.sendNow(client, echo, [], ["seen"])
+          const seen: Array<unknown> = []
+          const reported = vi.spyOn(console, "error").mockImplementation(() => undefined)
+          observed.observe(() => {
+            throw new Error("an observer's bug")
+          })
+          observed.observe((outcome) =>
+            seen.push(Exit.isExit(outcome) && Exit.isSuccess(outcome) && outcome.value),
           )
-          expect(yield* Effect.flip(failing)).toContain("nope")
-          expect(yield* Effect.flip(failing)).toContain("nope")
+          expect(yield* observed.wait).toBe("seen")
+          observed.observe((outcome) =>
+            seen.push(Exit.isExit(outcome) && Exit.isSuccess(outcome) && outcome.value),
+          )
+          expect(seen).toEqual(["seen", "seen"])
+          expect(reported).toHaveBeenCalledTimes(1)
+          reported.mockRestore()
         }),
       ),
   )

@@ -222,13 +222,13 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
           unavailable,
         ).map((reply) => admitOutcome(request, reply as Reply)),
       release: (request, permit, committed, commitAgoMicros) => {
-        const sent = SharedRedis.send(
+        const sent = SharedRedis.sendNow(
           redis,
           Scripts.release,
           releaseKeys(request),
           releaseArgs(request, permit, committed, commitAgoMicros),
           unavailable,
-        )
+        ).wait
         return Effect.asVoid(Effect.tap(sent, () => wake(request.subject)))
       },
     }
