@@ -24,7 +24,6 @@
  *   has nothing yet, so instances starting together agree on the first seed.
  */
 import { SqlClient, type SqlError } from "@effect/sql"
-import { exitOf } from "@swarmgate/protocol"
 import { Database, Redis as R } from "@swarmgate/store"
 import { Clock, type ConfigError, Effect, Exit, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
@@ -720,9 +719,7 @@ export const make = (
           raw.observe((reply) => {
             // Placed at the first try (the reply's handler put it in `local`): the hold by plain
             // calls, as `hold` would give it; anything else is `hold` to run.
-            const answer = exitOf(reply)
-            const placedHold =
-              answer !== undefined && Exit.isSuccess(answer) ? local.get(input.requestId) : undefined
+            const placedHold = Exit.isSuccess(reply) ? local.get(input.requestId) : undefined
             if (placedHold === undefined) return then(hold)
             started = true
             then(Exit.succeed(placedHold))

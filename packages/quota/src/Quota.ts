@@ -6,12 +6,7 @@
  * closing the scope releases the slot exactly once and drops reservations that
  * were never committed — so a request refused later leaves no trace.
  */
-import {
-  AdmissionUnavailable,
-  ConcurrencyLimitExceeded,
-  exitOf,
-  RateLimitExceeded,
-} from "@swarmgate/protocol"
+import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
 import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
@@ -700,9 +695,8 @@ const build = (store: Store, options: QuotaOptions) =>
         admission,
         observe: (then) =>
           sent.observe((reply) => {
-            const exit = exitOf(reply)
-            if (exit !== undefined && Exit.isSuccess(exit) && exit.value._tag === "Admitted") {
-              const outcome = exit.value
+            if (Exit.isSuccess(reply) && reply.value._tag === "Admitted") {
+              const outcome = reply.value
               state.answer = Either.right(outcome)
               let admitted: Admission
               try {

@@ -166,8 +166,8 @@ const evalScript = <E>(
   mapFailure: (failure: RedisFailure) => E,
   resendIf: (() => boolean) | undefined,
   /** What a reply becomes (by default the reply itself). */
-  replied: ((reply: unknown) => Effect.Effect<unknown, E>) | undefined,
-  done: (outcome: Effect.Effect<unknown, E>) => void,
+  replied: ((reply: unknown) => Exit.Exit<unknown, E>) | undefined,
+  done: (outcome: Exit.Exit<unknown, E>) => void,
 ): void => {
   const fail = (cause: unknown) => {
     let error: E
@@ -219,16 +219,15 @@ export const run = <E = RedisFailure>(
  * reader sees the same outcome.
  */
 export class Reply<A, E> {
-  private outcome: Effect.Effect<A, E> | undefined = undefined
-  private waiting: Array<(outcome: Effect.Effect<A, E>) => void> | undefined = undefined
-  /** Waits for the reply (at once if it came already). */
-  readonly wait: Effect.Effect<A, E> = Effect.async<A, E>((resume) => this.observe(resume))
+  private outcome: Exit.Exit<A, E> | undefined = undefined
+  private waiting: Array<(outcome: Exit.Exit<A, E>) => void> | undefined = undefined
+  /** Waits for the reply (at once if it came already). Made when asked for: most replies are only observed. */
+  get wait(): Effect.Effect<A, E> {
+    return Effect.async<A, E>((resume) => this.observe(resume))
+  }
 
-  /**
-   * Calls `then` with the outcome once it is in (at once if it is): an
-   * `Exit` for a reply or a failure made by `Exit`, else the Effect to run.
-   */
-  observe(then: (outcome: Effect.Effect<A, E>) => void): void {
+  /** Calls `then` with the outcome once it is in (at once if it is). */
+  observe(then: (outcome: Exit.Exit<A, E>) => void): void {
     if (this.outcome !== undefined) then(this.outcome)
     else if (this.waiting === undefined) this.waiting = [then]
     else this.waiting.push(then)
@@ -241,7 +240,7 @@ export class Reply<A, E> {
    * still throws is a bug, reported on stderr, never the connection's
    * unhandled rejection (which would end the process).
    */
-  settle(outcome: Effect.Effect<A, E>): void {
+  settle(outcome: Exit.Exit<A, E>): void {
     if (this.outcome !== undefined) return
     this.outcome = outcome
     const waiting = this.waiting
@@ -256,16 +255,14 @@ export class Reply<A, E> {
     }
   }
 
-  /** The same reply read by `f`: by a plain call on an `Exit` (a throw: a defect), else by `Effect.map`. */
+  /** The same reply read by `f`, by a plain call (a throw: a defect). */
   map<B>(f: (a: A) => B): Reply<B, E> {
     const mapped = new Reply<B, E>()
     this.observe((outcome) => {
-      if (!Exit.isExit(outcome)) return mapped.settle(Effect.map(outcome, f))
-      const exit = outcome as Exit.Exit<A, E>
-      if (Exit.isFailure(exit)) return mapped.settle(Exit.failCause(exit.cause))
+      if (Exit.isFailure(outcome)) return mapped.settle(Exit.failCause(outcome.cause))
       let value: B
       try {
-        value = f(exit.value)
+        value = f(outcome.value)
       } catch (thrown) {
         return mapped.settle(Exit.die(thrown))
       }
@@ -296,7 +293,7 @@ export const sendNow = <E = RedisFailure>(
   const reply =
     onReply === undefined
       ? undefined
-      : (value: unknown): Effect.Effect<unknown, E> => {
+      : (value: unknown): Exit.Exit<unknown, E> => {
           try {
             onReply(value)
             return Exit.succeed(value)
