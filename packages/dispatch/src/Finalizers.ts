@@ -15,6 +15,7 @@
  * `closeNow`: no Effect step while it holds only plain cleanups), and its
  * waits hand their cleanup to it (`asyncIn`) instead of a canceler.
  */
+import { Observed } from "@swarmgate/protocol"
 import { Cause, Effect, ExecutionStrategy, Exit, Scope } from "effect"
 
 export type Cleanup = (exit: Exit.Exit<unknown, unknown>) => void
@@ -31,7 +32,10 @@ interface Segment {
 /** On a segment's finalizer: its segment, so that `close` can run it by a plain call. */
 const SEGMENT_OF: unique symbol = Symbol("@swarmgate/dispatch/Finalizers/segmentOf")
 
-type SegmentFinalizer = Finalizer & { [SEGMENT_OF]?: Segment }
+/** On a finalizer added by `addObservedNow`: its Effect is made at the close and read by plain calls. */
+const OBSERVED: unique symbol = Symbol("@swarmgate/dispatch/Finalizers/observed")
+
+type SegmentFinalizer = Finalizer & { [SEGMENT_OF]?: Segment; [OBSERVED]?: true }
 
 /**
  * A scope's current segment, kept on the scope itself: a WeakMap keyed by
@@ -139,6 +143,20 @@ export const addFinalizerNow = (scope: Scope.Scope, finalizer: Finalizer): void 
   else Effect.runFork(finalizer(state.exit))
 }
 
+/**
+ * `addFinalizerNow` for a finalizer whose Effect is observable (`Observed`:
+ * what it sends is read back by callback, as a shared store's reply): at a
+ * `closeNow` its Effect is made when the close reaches it and read by plain
+ * calls, the older cleanups run once it is in — so a close with no other
+ * finalizer of Effect's kind waits on no fiber. Its Effect runs as any
+ * finalizer's wherever a fiber closes the scope.
+ */
+export const addObservedNow = (scope: Scope.Scope, finalizer: Finalizer): void => {
+  const marked: SegmentFinalizer = finalizer
+  marked[OBSERVED] = true
+  addFinalizerNow(scope, marked)
+}
+
 /** Whether `scope` is still open: false from the moment it starts closing (a scope of another kind: true). */
 export const isOpen = (scope: Scope.Scope): boolean => {
   const state = stateOf(scope)
@@ -174,10 +192,13 @@ export const makeScopeNow = (): Scope.CloseableScope => {
  * Closes `scope` with `exit`. When it holds only plain cleanups (the common
  * request), they run here, at the call, newest first, and the result is an
  * Effect with nothing left to do (or, if a cleanup threw, the first error as
- * a defect, after every cleanup ran). Otherwise nothing runs until the
- * returned Effect does: it is `Scope.close` — the same order and outcome,
- * with the plain cleanups run by plain calls and a step only per finalizer
- * of Effect's kind (Effect's own close walks every finalizer through a
+ * a defect, after every cleanup ran). With observed finalizers too
+ * (`addObservedNow`), the close runs here as far as it can and the result is
+ * observable (`Observed.observe`): the rest runs by plain calls as each
+ * finalizer's outcome comes in. Otherwise nothing runs until the returned
+ * Effect does: it is `Scope.close` — the same order and outcome, with the
+ * plain cleanups run by plain calls and a step only per finalizer of
+ * Effect's kind (Effect's own close walks every finalizer through a
  * collection of exits).
  */
 export const closeNow = (
@@ -187,7 +208,7 @@ export const closeNow = (
   const state = stateOf(scope)
   if (state?._tag !== "Open") return Scope.close(scope, exit)
   const finalizers = Array.from(state.finalizers.values()) as Array<SegmentFinalizer>
-  if (finalizers.every((finalizer) => finalizer[SEGMENT_OF] !== undefined)) {
+  if (finalizers.every((finalizer) => finalizer[SEGMENT_OF] !== undefined || finalizer[OBSERVED] === true)) {
     ;(scope as unknown as { state: ScopeState }).state = { _tag: "Closed", exit }
     return closeFrom(finalizers, finalizers.length - 1, exit, undefined)
   }
@@ -209,9 +230,11 @@ interface ScopeWithStrategy {
 }
 
 /**
- * Runs `finalizers[i]` down to the first: plain cleanups by plain calls, each
- * finalizer of Effect's kind as a step before the rest. Every one runs;
- * failures are kept in order (a throwing cleanup as a defect).
+ * Runs `finalizers[i]` down to the first: plain cleanups by plain calls, an
+ * observed finalizer's Effect made now and the rest run once its outcome is
+ * in (`Observed.onExit`), any other finalizer of Effect's kind as a step
+ * before the rest. Every one runs; failures are kept in order (a throwing
+ * cleanup as a defect).
  */
 const closeFrom = (
   finalizers: ReadonlyArray<SegmentFinalizer>,
@@ -224,7 +247,7 @@ const closeFrom = (
     const finalizer = finalizers[i]!
     const segment = finalizer[SEGMENT_OF]
     if (segment === undefined) {
-      return Effect.flatMap(Effect.exit(Effect.suspend(() => finalizer(exit))), (result) =>
+      const rest = (result: Exit.Exit<unknown, unknown>) =>
         closeFrom(
           finalizers,
           i - 1,
@@ -234,8 +257,16 @@ const closeFrom = (
             : failure === undefined
               ? result.cause
               : Cause.sequential(failure, result.cause),
-        ),
-      )
+        )
+      if (finalizer[OBSERVED] !== true)
+        return Effect.flatMap(Effect.exit(Effect.suspend(() => finalizer(exit))), rest)
+      let made: Effect.Effect<void>
+      try {
+        made = finalizer(exit)
+      } catch (thrown) {
+        made = Exit.die(thrown)
+      }
+      return Observed.onExit(made, rest)
     }
     try {
       runSegment(segment, exit)

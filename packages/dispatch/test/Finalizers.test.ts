@@ -1,4 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
+import { Observed } from "@swarmgate/protocol"
 import { Cause, Chunk, Effect, ExecutionStrategy, Exit, Fiber, FiberId, Scope } from "effect"
 import * as Finalizers from "../src/Finalizers"
 
@@ -242,5 +243,109 @@ describe("Finalizers", () => {
         expect(ran).toEqual(["last added", "first added"])
         expect(Exit.isFailure(closed) && Cause.isDie(closed.cause)).toBe(true)
       }),
+  )
+  /** An outcome reported later by callback, as a store's reply is. */
+  const later = () => {
+    let report: ((outcome: Exit.Exit<void, never>) => void) | undefined
+    let outcome: Exit.Exit<void, never> | undefined
+    const effect = Observed.of<void, never>({
+      observe: (then) => {
+        if (outcome !== undefined) then(outcome)
+        else report = then
+      },
+    })
+    return {
+      effect,
+      settle: (exit: Exit.Exit<void, never>) => {
+        outcome = exit
+        report?.(exit)
+      },
+    }
+  }
+
+  it.effect(
+    "closeNow with an observed finalizer: newer cleanups at once, older ones by callback once its outcome is in",
+    () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        const ran: Array<string> = []
+        const reply = later()
+        Finalizers.addNow(scope, () => ran.push("plain 1"))
+        Finalizers.addObservedNow(scope, () => {
+          ran.push("observed made")
+          return reply.effect
+        })
+        Finalizers.addNow(scope, () => ran.push("plain 2"))
+        const closing = Finalizers.closeNow(scope, Exit.void)
+        expect(ran).toEqual(["plain 2", "observed made"])
+        expect(Observed.isObservable(closing)).toBe(true)
+        const read: Array<Effect.Effect<void>> = []
+        Observed.observe(closing, (result) => read.push(result))
+        expect(read).toEqual([])
+        reply.settle(Exit.void)
+        // By plain calls: the rest ran in the reply's callback, and the close ended with nothing to run.
+        expect(ran).toEqual(["plain 2", "observed made", "plain 1"])
+        expect(read.length).toBe(1)
+        expect(Exit.isExit(read[0]) && Exit.isSuccess(read[0] as Exit.Exit<void>)).toBe(true)
+      }),
+  )
+
+  it.effect("an observed finalizer's defect and a cleanup's throw end the close as Scope.close ends it", () =>
+    Effect.gen(function* () {
+      const outcome = (close: (scope: Scope.CloseableScope) => Effect.Effect<void>) =>
+        Effect.gen(function* () {
+          const ran: Array<string> = []
+          const scope = Finalizers.makeScopeNow()
+          Finalizers.addNow(scope, () => {
+            throw new Error("plain 1")
+          })
+          Finalizers.addObservedNow(scope, () =>
+            Observed.map(Exit.die(new Error("observed")), () => undefined),
+          )
+          Finalizers.addNow(scope, () => ran.push("plain 2"))
+          const exit = yield* Effect.exit(close(scope))
+          const defects = Exit.isFailure(exit)
+            ? [...Cause.defects(exit.cause).pipe(Chunk.map((d) => (d as Error).message))]
+            : []
+          return { ran, defects }
+        })
+      const ours = yield* outcome((scope) => Finalizers.closeNow(scope, Exit.void))
+      const effects = yield* outcome((scope) => Scope.close(scope, Exit.void))
+      expect(ours).toEqual({ ran: ["plain 2"], defects: ["observed", "plain 1"] })
+      expect(ours).toEqual(effects)
+    }),
+  )
+
+  it.effect("an observed finalizer that throws as it is made is a defect, and the close goes on", () =>
+    Effect.gen(function* () {
+      const ran: Array<string> = []
+      const scope = Finalizers.makeScopeNow()
+      Finalizers.addNow(scope, () => ran.push("plain 1"))
+      Finalizers.addObservedNow(scope, () => {
+        throw new Error("making")
+      })
+      Finalizers.addNow(scope, () => ran.push("plain 2"))
+      const exit = yield* Effect.exit(Finalizers.closeNow(scope, Exit.void))
+      expect(ran).toEqual(["plain 2", "plain 1"])
+      expect(Exit.isFailure(exit) && [...Cause.defects(exit.cause)].map((d) => (d as Error).message)).toEqual(
+        ["making"],
+      )
+    }),
+  )
+
+  it.effect("an observed finalizer runs as any other where a fiber closes the scope", () =>
+    Effect.gen(function* () {
+      const scope = yield* Scope.make()
+      const ran: Array<string> = []
+      const reply = later()
+      Finalizers.addNow(scope, () => ran.push("plain"))
+      Finalizers.addObservedNow(scope, () => Observed.map(reply.effect, () => ran.push("observed")))
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      yield* Effect.yieldNow()
+      expect(ran).toEqual([])
+      reply.settle(Exit.void)
+      yield* Fiber.join(closing)
+      expect(ran).toEqual(["observed", "plain"])
+    }),
   )
 })
