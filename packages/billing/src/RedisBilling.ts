@@ -24,8 +24,9 @@
  *   has nothing yet, so instances starting together agree on the first seed.
  */
 import { SqlClient, type SqlError } from "@effect/sql"
+import { Observed } from "@swarmgate/protocol"
 import { Database, Redis as R } from "@swarmgate/store"
-import { Clock, type ConfigError, Effect, Exit, Layer, type Redacted, Scope } from "effect"
+import { Cause, Clock, type ConfigError, Effect, Exit, Layer, Option, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
 import {
   type AccountMoney,
@@ -610,32 +611,36 @@ export const make = (
       if (hold === undefined) return Effect.succeed(undefined)
       local.delete(requestId)
       const settled = settlementOf(requestId, hold, settlement, now)
-      // The common answer in one step; a failure goes through the retries.
-      return Effect.uninterruptible(
-        Effect.matchEffect(R.sendNow(redis, Scripts.settle, settled.keys, settled.args).wait, {
-          onSuccess: (charged) => Effect.succeed(afterCharge(settled.entry, charged)),
-          onFailure: (e) =>
-            Effect.gen(() =>
+      // The common answer in one step, read by callback where the caller can (`Observed`); a failure
+      // goes through the retries.
+      return Observed.uninterruptible(
+        Observed.onExit(
+          Observed.of(R.sendNow(redis, Scripts.settle, settled.keys, settled.args)),
+          (reply): Effect.Effect<Ledger.UsageEntry | undefined> => {
+            if (Exit.isSuccess(reply)) return Exit.succeed(afterCharge(settled.entry, reply.value))
+            const failure = Cause.failureOption(reply.cause)
+            if (Option.isNone(failure)) return Exit.failCause(Cause.stripFailures(reply.cause))
+            return Effect.gen(() =>
               chargedBody(
                 requestId,
                 settled,
-                Effect.fail(e),
+                Effect.fail(failure.value),
                 run(Scripts.settle, settled.keys, settled.args),
               ),
-            ),
-        }),
+            )
+          },
+        ),
       )
     }
 
     const voided = (requestId: string, reply: Effect.Effect<unknown, R.RedisFailure>) =>
-      reply.pipe(
-        Effect.map((reply) => Number(reply) === 1),
-        Effect.catchAll((e) =>
+      Observed.catchAll(
+        Observed.map(reply, (reply) => Number(reply) === 1),
+        (e) =>
           Effect.as(
             Effect.logWarning(`billing: void of ${requestId} failed (${e.reason}); it lapses`),
             false,
           ),
-        ),
       )
     const voidHold = (requestId: string) =>
       Effect.suspend(() => {
@@ -649,7 +654,7 @@ export const make = (
       if (!local.delete(requestId)) return Effect.succeed(false)
       return voided(
         requestId,
-        R.sendNow(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId]).wait,
+        Observed.of(R.sendNow(redis, Scripts.voidHold, [K.holds, K.holdIndex], [base, requestId])),
       )
     }
 
@@ -691,7 +696,7 @@ export const make = (
       let resolved = false
       const resolveNow = (settlement: Settlement | undefined, at: number) =>
         settlement === undefined
-          ? Effect.as(voidSent(input.requestId), undefined)
+          ? Observed.map(voidSent(input.requestId), () => undefined)
           : settleSent(input.requestId, settlement, at)
       const hold = Effect.uninterruptible(
         Effect.suspend(() => {
@@ -730,8 +735,8 @@ export const make = (
           // `hold` ran to its end (uninterruptible): what it placed is in `local` (or the fallback's).
           if (started && !firstFailed) return resolveNow(settlement, at)
           // Otherwise once the answer is in (not interruptible: the hold may be placed meanwhile).
-          return Effect.uninterruptible(
-            Effect.flatMap(Effect.exit(raw.wait), (answer) => {
+          return Observed.uninterruptible(
+            Observed.onExit(Observed.of(raw), (answer) => {
               const { requestId } = input
               if (Exit.isSuccess(answer) || local.has(requestId) || fallbackHolds.has(requestId))
                 return resolveNow(settlement, at)

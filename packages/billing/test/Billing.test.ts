@@ -4,6 +4,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, layer } from "@effect/vitest"
+import { Observed } from "@swarmgate/protocol"
 import { Database, SqliteWriter, TestDatabase } from "@swarmgate/store"
 import { Clock, Effect, Either, Exit, Fiber, FastCheck as fc, Layer, type Scope, TestClock } from "effect"
 import * as Billing from "../src/Billing"
@@ -639,6 +640,7 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
       read: (
         holding: Billing.HoldSent,
       ) => Effect.Effect<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>,
+      resolved: <A>(resolving: Effect.Effect<A>) => Effect.Effect<A> = (resolving) => resolving,
     ): MakeBilling =>
     (options) =>
       Effect.map(redis(options), (book): Billing.BillingShape => {
@@ -659,7 +661,7 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
               holds.delete(requestId)
               return holding === undefined
                 ? book.settle(requestId, settlement)
-                : holding.resolve(settlement, now)
+                : resolved(holding.resolve(settlement, now))
             }),
           void: (requestId) => {
             holds.delete(requestId)
@@ -677,10 +679,16 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
   suite(
     "SQLite, holds sent at the call and observed",
     Database.layer("sqlite::memory:"),
-    sentWith((holding) =>
-      Effect.async<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>((resume) =>
-        holding.observe(resume),
-      ),
+    sentWith(
+      (holding) =>
+        Effect.async<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>((resume) =>
+          holding.observe(resume),
+        ),
+      // The settlement too, as a plain close reads it (`Observed`): by callback, never an Effect to run.
+      (resolving) =>
+        Observed.isObservable(resolving)
+          ? Effect.async((resume) => Observed.observe(resolving, resume))
+          : Effect.dieMessage("a sent hold's settlement is read by callback"),
     ),
   )
 

@@ -7,7 +7,7 @@
 import type { Principal } from "@swarmgate/auth"
 import { Billing, type Ledger } from "@swarmgate/billing"
 import { Finalizers } from "@swarmgate/dispatch"
-import { AdmissionUnavailable } from "@swarmgate/protocol"
+import { AdmissionUnavailable, Observed } from "@swarmgate/protocol"
 import { Cause, Clock, Context, Effect, Either, Exit, Option, Scope } from "effect"
 import type { Outcome } from "./ChatCompletions"
 import type { NormalizedRequest } from "./RequestPolicy"
@@ -44,12 +44,13 @@ const resolveOutcome = (
   onSettled?: (settlement: Billing.Settlement, entry: Ledger.UsageEntry | undefined) => void,
 ): Effect.Effect<void> => {
   const ended = usageOutcome(outcome, exit)
-  if (ended === "void") return Effect.asVoid(voided())
+  // Observable where the book's answer is (`Observed`): a plain close reads it by callback.
+  if (ended === "void") return Observed.asVoid(voided())
   const settlement = { completionTokens: outcome.completionTokens, outcome: ended }
   const entry = settled(settlement)
   return onSettled === undefined
-    ? Effect.asVoid(entry)
-    : Effect.map(entry, (charged) => onSettled(settlement, charged))
+    ? Observed.asVoid(entry)
+    : Observed.map(entry, (charged) => onSettled(settlement, charged))
 }
 
 /** What ran, as billing records it: settled from `outcome`, or voided when nothing started. */

@@ -19,6 +19,7 @@ import {
   InternalError,
   InvalidRequest,
   isApiError,
+  Observed,
   REQUEST_ID_HEADER,
   streamErrorEvent,
   UnsupportedMediaType,
@@ -442,7 +443,8 @@ const admitAndHoldWith = (
   let holding: BillingService.HoldSent | undefined
   // In place before anything else can happen (the hold's send included): whatever happens next,
   // both are undone or resolved — in one write too, and each even if the other dies.
-  Finalizers.addFinalizerNow(scope, (exit) =>
+  // Observed: a plain close reads both replies by callback, on no fiber (`Finalizers.addObservedNow`).
+  Finalizers.addObservedNow(scope, (exit) =>
     bothRun(
       () => Limits.releaseSent(res, admittingSent, outcome, permitted),
       () =>
@@ -523,21 +525,21 @@ const bothRun = (
 ): Effect.Effect<void> => {
   const made = (make: () => Effect.Effect<void>) => {
     try {
-      return Effect.exit(make())
+      return make()
     } catch (thrown) {
-      return Effect.exit(Effect.die(thrown))
+      return Exit.die(thrown)
     }
   }
-  // Both made (so both sent) before either is waited for.
+  // Both made (so both sent) before either is waited for; observable where both are (`Observed`).
   const a = made(first)
   const b = made(second)
-  return Effect.flatMap(a, (ea) =>
-    Effect.flatMap(b, (eb) =>
+  return Observed.onExit(a, (ea) =>
+    Observed.onExit(b, (eb) =>
       Exit.isSuccess(ea)
         ? eb
         : Exit.isSuccess(eb)
           ? ea
-          : Effect.failCause(Cause.sequential(ea.cause, eb.cause)),
+          : Exit.failCause(Cause.sequential(ea.cause, eb.cause)),
     ),
   )
 }
@@ -702,18 +704,25 @@ class PlainRun implements RequestRun.RequestRun {
   private close(exit: Exit.Exit<unknown, unknown>, interrupted: boolean): void {
     this.over = true
     const { edge } = this
-    const closing = Finalizers.closeNow(edge.scope, exit)
-    if (closing === Effect.void) {
-      // The drain and the log hear of the end whatever rendering does.
+    // Plain cleanups run here; observed finalizers (scaled out: the release and the settlement, one
+    // round trip) are read by callback; what needs Effect goes on a fiber, as `finish` would run it.
+    Observed.observe(Finalizers.closeNow(edge.scope, exit), (closing) => {
+      if (!Exit.isExit(closing)) {
+        edge.services.runRequest(closed(edge, exit, closing, interrupted)).addObserver(this.ended)
+        return
+      }
+      // As `closed` renders; the drain and the log hear of the end whatever rendering does.
       try {
-        if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
+        if (!interrupted) {
+          const failed = Exit.isFailure(closing) ? closing.cause : undefined
+          if (Exit.isFailure(exit))
+            render(edge, failed === undefined ? exit.cause : Cause.sequential(exit.cause, failed))
+          else if (failed !== undefined) render(edge, failed)
+        }
       } finally {
         this.ended()
       }
-      return
-    }
-    // Finalizers of Effect's kind (none on the plain path today): run on a fiber, as `finish` would.
-    edge.services.runRequest(closed(edge, exit, closing, interrupted)).addObserver(this.ended)
+    })
   }
 
   private readonly ended = (): void => {

@@ -6,7 +6,12 @@
  * closing the scope releases the slot exactly once and drops reservations that
  * were never committed — so a request refused later leaves no trace.
  */
-import { AdmissionUnavailable, ConcurrencyLimitExceeded, RateLimitExceeded } from "@swarmgate/protocol"
+import {
+  AdmissionUnavailable,
+  ConcurrencyLimitExceeded,
+  Observed,
+  RateLimitExceeded,
+} from "@swarmgate/protocol"
 import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
@@ -144,7 +149,8 @@ export interface AdmissionSent {
    * Frees what the admission took, exactly once (later calls do nothing) —
    * with `commit`, charging a permit that nothing committed yet (its work
    * started). Sent at the call once the decision is known (else after it);
-   * returns the Effect that waits for the store.
+   * returns the Effect that waits for the store — observable (`Observed`)
+   * where the store's reply is: a plain close reads it by callback.
    */
   readonly release: (commit: boolean) => Effect.Effect<void>
 }
@@ -570,7 +576,8 @@ const build = (store: Store, options: QuotaOptions) =>
       unlease(state)
       if (!mayHold(answer)) return Effect.void
       const released = send.release(request, permit, state.committed, commitAgo(state, now))
-      return holds(answer) ? Effect.catchAll(released, warn("release")) : Effect.void
+      // Observable as the store's release is (a plain close reads it by callback).
+      return holds(answer) ? Observed.catchAll(released, warn("release")) : Effect.void
     }
     /** The store holds a slot or reservations for the permit. */
     const holds = (answer: Either.Either<AdmitOutcome, StoreUnavailable>) =>
@@ -720,8 +727,8 @@ const build = (store: Store, options: QuotaOptions) =>
           if (state.answer !== undefined) return release(state.answer)
           // The answer was never read (the caller stopped before it): read it, then release — not
           // interruptibly, or the release would be lost.
-          return Effect.uninterruptible(
-            Effect.flatMap(Effect.exit(sent.wait), (exit) =>
+          return Observed.uninterruptible(
+            Observed.onExit(Observed.of(sent), (exit) =>
               release(Exit.isSuccess(exit) ? Either.right(exit.value) : Either.left(unreadable)),
             ),
           )

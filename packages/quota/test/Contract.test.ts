@@ -2,7 +2,7 @@
  * One contract, two stores: memory (under TestClock) and a real Redis.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import type { AdmissionUnavailable } from "@swarmgate/protocol"
+import { type AdmissionUnavailable, Observed } from "@swarmgate/protocol"
 import { Effect, Exit, Fiber, Layer, Scope, TestClock } from "effect"
 import * as Quota from "../src/Quota"
 import * as RedisStore from "../src/stores/Redis"
@@ -65,6 +65,7 @@ describe.skipIf(skipRedis)("redis store", () => {
     options: Quota.QuotaOptions,
     read: (sent: Quota.AdmissionSent) => Effect.Effect<Quota.Admission, AdmissionUnavailable> = (sent) =>
       sent.admission,
+    release: (released: Effect.Effect<void>) => Effect.Effect<void> = (released) => released,
   ) =>
     Layer.effect(
       Quota.Quota,
@@ -79,7 +80,7 @@ describe.skipIf(skipRedis)("redis store", () => {
               return Effect.zipRight(
                 Scope.addFinalizer(
                   scope,
-                  Effect.suspend(() => sent.release(false)),
+                  Effect.suspend(() => release(sent.release(false))),
                 ),
                 read(sent),
               )
@@ -106,9 +107,15 @@ describe.skipIf(skipRedis)("redis store", () => {
 
   // The same, the decision read by plain calls (the gateway's plain path): `observe` gives an Exit
   // for an admission at once, else `admission` to run.
+  // The release too, as a plain close reads it (`Observed`): by callback, never an Effect to run.
   const observedLayerWith = (options: Quota.QuotaOptions) =>
-    sentLayerWith(options, (sent) =>
-      Effect.async<Quota.Admission, AdmissionUnavailable>((resume) => sent.observe(resume)),
+    sentLayerWith(
+      options,
+      (sent) => Effect.async<Quota.Admission, AdmissionUnavailable>((resume) => sent.observe(resume)),
+      (released) =>
+        Observed.isObservable(released)
+          ? Effect.async<void>((resume) => Observed.observe(released, resume))
+          : Effect.dieMessage("a sent admission's release is read by callback"),
     )
   contract(
     {

@@ -5,6 +5,7 @@
  * renewing and what it held comes back within one lease.
  */
 
+import { Observed } from "@swarmgate/protocol"
 import { Redis as SharedRedis } from "@swarmgate/store"
 import { Clock, Effect, Redacted, type Scope } from "effect"
 import { Redis } from "ioredis"
@@ -221,16 +222,17 @@ export const make = (options: RedisStoreOptions): Effect.Effect<Store, never, Sc
           admitArgs(request, permit),
           unavailable,
         ).map((reply) => admitOutcome(request, reply as Reply)),
-      release: (request, permit, committed, commitAgoMicros) => {
-        const sent = SharedRedis.sendNow(
-          redis,
-          Scripts.release,
-          releaseKeys(request),
-          releaseArgs(request, permit, committed, commitAgoMicros),
-          unavailable,
-        ).wait
-        return Effect.asVoid(Effect.tap(sent, () => wake(request.subject)))
-      },
+      // Observable: a plain request's close reads the release by callback (no fiber waits for it).
+      release: (request, permit, committed, commitAgoMicros) =>
+        Observed.of(
+          SharedRedis.sendNow(
+            redis,
+            Scripts.release,
+            releaseKeys(request),
+            releaseArgs(request, permit, committed, commitAgoMicros),
+            unavailable,
+          ).map(() => wake(request.subject)),
+        ),
     }
 
     const renew = (
