@@ -100,8 +100,9 @@ export interface HoldSent {
    * Settles what ran (as `settle`) — or voids the hold, with no settlement —
    * exactly once; nothing when no hold was placed. Sent at the call once the
    * hold is known (else after its answer), `now` from the caller's clock;
-   * returns the Effect that waits for the book — observable (`Observed`):
-   * a plain close reads the book's reply by callback.
+   * returns the Effect that waits for the book — observable (`Observed`)
+   * where that is the book's reply (not a hold the fallback book placed):
+   * a plain close reads it by callback.
    */
   readonly resolve: (
     settlement: Settlement | undefined,

@@ -686,9 +686,13 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
         ),
       // The settlement too, as a plain close reads it (`Observed`): by callback, never an Effect to run.
       (resolving) =>
-        Observed.isObservable(resolving)
-          ? Effect.async((resume) => Observed.observe(resolving, resume))
-          : Effect.dieMessage("a sent hold's settlement is read by callback"),
+        Effect.async((resume) =>
+          Observed.observe(resolving, (result) =>
+            resume(
+              Exit.isExit(result) ? result : Effect.dieMessage("a sent hold's settlement needed a fiber"),
+            ),
+          ),
+        ),
     ),
   )
 

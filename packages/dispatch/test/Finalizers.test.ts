@@ -333,6 +333,29 @@ describe("Finalizers", () => {
     }),
   )
 
+  it.effect(
+    "an observed finalizer that hands on an Effect: the close hands it on, and the older cleanups run after it, once",
+    () =>
+      Effect.gen(function* () {
+        const scope = Finalizers.makeScopeNow()
+        const ran: Array<string> = []
+        const reply = later()
+        Finalizers.addNow(scope, () => ran.push("plain 1"))
+        Finalizers.addObservedNow(scope, () =>
+          Observed.onExit(reply.effect, () => Effect.sync(() => ran.push("handed on"))),
+        )
+        Finalizers.addNow(scope, () => ran.push("plain 2"))
+        const read: Array<Effect.Effect<void>> = []
+        Observed.observe(Finalizers.closeNow(scope, Exit.void), (result) => read.push(result))
+        reply.settle(Exit.void)
+        expect(ran).toEqual(["plain 2"])
+        expect(read.length).toBe(1)
+        expect(Exit.isExit(read[0]!)).toBe(false)
+        yield* read[0]!
+        expect(ran).toEqual(["plain 2", "handed on", "plain 1"])
+      }),
+  )
+
   it.effect("an observed finalizer runs as any other where a fiber closes the scope", () =>
     Effect.gen(function* () {
       const scope = yield* Scope.make()

@@ -706,23 +706,44 @@ class PlainRun implements RequestRun.RequestRun {
     const { edge } = this
     // Plain cleanups run here; observed finalizers (scaled out: the release and the settlement, one
     // round trip) are read by callback; what needs Effect goes on a fiber, as `finish` would run it.
-    Observed.observe(Finalizers.closeNow(edge.scope, exit), (closing) => {
-      if (!Exit.isExit(closing)) {
-        edge.services.runRequest(closed(edge, exit, closing, interrupted)).addObserver(this.ended)
-        return
+    let read = false
+    try {
+      Observed.observe(Finalizers.closeNow(edge.scope, exit), (closing) => {
+        read = true
+        this.closed(exit, closing, interrupted)
+      })
+    } catch (thrown) {
+      // A throw before the close was read (a cleanup's is in `closing`): the request's defect.
+      if (read) throw thrown
+      this.closed(exit, Exit.die(thrown), interrupted)
+    }
+  }
+
+  /** The close read: rendered as `closed` renders it, or run on a fiber where it hands on an Effect. */
+  private closed(
+    exit: Exit.Exit<unknown, unknown>,
+    closing: Effect.Effect<void>,
+    interrupted: boolean,
+  ): void {
+    const { edge } = this
+    if (!Exit.isExit(closing)) {
+      // As `finish` runs a close: not interruptibly (what it waits for is owed whatever happens).
+      edge.services
+        .runRequest(Effect.uninterruptible(closed(edge, exit, closing, interrupted)))
+        .addObserver(this.ended)
+      return
+    }
+    // As `closed` renders; the drain and the log hear of the end whatever rendering does.
+    try {
+      if (!interrupted) {
+        const failed = Exit.isFailure(closing) ? closing.cause : undefined
+        if (Exit.isFailure(exit))
+          render(edge, failed === undefined ? exit.cause : Cause.sequential(exit.cause, failed))
+        else if (failed !== undefined) render(edge, failed)
       }
-      // As `closed` renders; the drain and the log hear of the end whatever rendering does.
-      try {
-        if (!interrupted) {
-          const failed = Exit.isFailure(closing) ? closing.cause : undefined
-          if (Exit.isFailure(exit))
-            render(edge, failed === undefined ? exit.cause : Cause.sequential(exit.cause, failed))
-          else if (failed !== undefined) render(edge, failed)
-        }
-      } finally {
-        this.ended()
-      }
-    })
+    } finally {
+      this.ended()
+    }
   }
 
   private readonly ended = (): void => {

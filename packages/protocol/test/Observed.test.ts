@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, Exit } from "effect"
+import { Cause, Effect, Exit, Fiber, FiberId } from "effect"
 import * as fc from "fast-check"
 import * as Observed from "../src/Observed"
 
@@ -29,7 +29,7 @@ type Step =
   | "catchAll to effect"
   | "onExit to exit"
   | "uninterruptible"
-type Outcome = "success" | "failure" | "defect"
+type Outcome = "success" | "failure" | "defect" | "failure and defect"
 
 const exitOf = (outcome: Outcome): Exit.Exit<number, string> =>
   outcome === "success"
@@ -73,11 +73,11 @@ const summary = (exit: Exit.Exit<unknown, string>) =>
     : { failures: [...Cause.failures(exit.cause)], defects: Cause.defects(exit.cause).length }
 
 describe("Observed", () => {
-  it("an Effect read by plain calls gives what the same Effect run by a fiber gives", () => {
-    fc.assert(
-      fc.property(
+  it("an Effect read by plain calls gives what the same Effect run by a fiber gives", async () => {
+    await fc.assert(
+      fc.asyncProperty(
         fc.constantFrom<Source>("exit", "reply now", "reply later", "plain effect"),
-        fc.constantFrom<Outcome>("success", "failure", "defect"),
+        fc.constantFrom<Outcome>("success", "failure", "defect", "failure and defect"),
         fc.array(
           fc.constantFrom<Step>(
             "map",
@@ -89,34 +89,73 @@ describe("Observed", () => {
           ),
           { maxLength: 5 },
         ),
-        (source, outcome, steps) => {
-          const run = (read: boolean) => {
-            const built = build(source, outcome)
-            const effect = steps.reduce(apply, built.effect)
-            let given: Effect.Effect<unknown, string> | undefined
-            if (read) Observed.observe(effect, (result) => (given = result))
-            built.settle()
-            if (!read) return { exit: Effect.runSync(Effect.exit(effect)), plain: false }
-            expect(given).toBeDefined()
-            // What was read is its Exit, or an Effect a fiber runs from there.
-            return { exit: Effect.runSync(Effect.exit(given!)), plain: Exit.isExit(given!) }
-          }
-          const byFiber = run(false)
-          const byCall = run(true)
-          expect(summary(byCall.exit)).toEqual(summary(byFiber.exit))
+        async (source, outcome, steps) => {
+          // By a fiber: it waits for a reply that comes later.
+          const fiberBuilt = build(source, outcome)
+          const fiber = Effect.runFork(Effect.exit(steps.reduce(apply, fiberBuilt.effect)))
+          fiberBuilt.settle()
+          const byFiber = await Effect.runPromise(Fiber.join(fiber))
+          // By plain calls: the outcome, or what a fiber runs from there.
+          const built = build(source, outcome)
+          let given: Effect.Effect<unknown, string> | undefined
+          Observed.observe(steps.reduce(apply, built.effect), (result) => {
+            given = result
+          })
+          built.settle()
+          expect(given).toBeDefined()
+          const byCall = await Effect.runPromise(Effect.exit(given!))
+          expect(summary(byCall)).toEqual(summary(byFiber))
           // Plain all the way unless the source or a step needs a fiber.
           let state: Outcome | "fiber" = outcome
           for (const step of steps) {
-            if (state === "failure" && step === "catchAll to exit") state = "success"
-            else if (state === "failure" && step === "catchAll to effect") state = "fiber"
-            else if (state !== "fiber" && step === "onExit to exit")
-              state = state === "success" ? "success" : "failure"
+            if (state === "fiber") break
+            if (step === "catchAll to exit" && state === "failure") state = "success"
+            else if (step === "catchAll to effect" && (state === "failure" || state === "failure and defect"))
+              state = "fiber"
+            else if (step === "catchAll to exit" && state === "failure and defect") state = "fiber"
+            else if (step === "onExit to exit") state = state === "success" ? "success" : "failure"
           }
-          const needsFiber = source === "plain effect" || state === "fiber"
-          if (!needsFiber) expect(byCall.plain).toBe(true)
+          if (source !== "plain effect" && state !== "fiber") expect(Exit.isExit(given!)).toBe(true)
         },
       ),
     )
+  })
+
+  it("what an uninterruptible observed Effect hands on finishes, its fiber interrupted while it waited", async () => {
+    for (const read of ["by a fiber", "by plain calls"] as const) {
+      const r = reply<number, string>()
+      let handled = false
+      const effect = Observed.map(
+        Observed.catchAll(Observed.uninterruptible(r.effect), () =>
+          Effect.sync(() => {
+            handled = true
+            return 0
+          }),
+        ),
+        (n) => n + 1,
+      )
+      if (read === "by a fiber") {
+        const fiber = Effect.runFork(effect)
+        await Effect.runPromise(Effect.yieldNow())
+        const interrupted = Effect.runPromise(Fiber.interrupt(fiber))
+        // The interruption delivered first: an interruptible wait would end here, its handler never run.
+        await new Promise((resolve) => setTimeout(resolve, 20))
+        r.settle(Exit.fail("no"))
+        await interrupted
+      } else {
+        // What the plain read hands on runs on a fiber of its own, interrupted as soon as it starts.
+        let handedOn: Promise<unknown> | undefined
+        Observed.observe(effect, (result) => {
+          const fiber = Effect.runFork(result)
+          fiber.unsafeInterruptAsFork(FiberId.none)
+          handedOn = Effect.runPromise(Fiber.await(fiber))
+        })
+        r.settle(Exit.fail("no"))
+        await handedOn
+      }
+      // The handler ran: the interruption waited for the end of the uninterruptible work.
+      expect(handled).toBe(true)
+    }
   })
 
   it("a reply read later is read by callback, once, and the Effect form waits for the same outcome", () => {

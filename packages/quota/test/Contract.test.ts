@@ -113,9 +113,13 @@ describe.skipIf(skipRedis)("redis store", () => {
       options,
       (sent) => Effect.async<Quota.Admission, AdmissionUnavailable>((resume) => sent.observe(resume)),
       (released) =>
-        Observed.isObservable(released)
-          ? Effect.async<void>((resume) => Observed.observe(released, resume))
-          : Effect.dieMessage("a sent admission's release is read by callback"),
+        Effect.async<void>((resume) =>
+          Observed.observe(released, (result) =>
+            resume(
+              Exit.isExit(result) ? result : Effect.dieMessage("a sent admission's release needed a fiber"),
+            ),
+          ),
+        ),
     )
   contract(
     {
