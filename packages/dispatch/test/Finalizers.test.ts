@@ -263,19 +263,25 @@ describe("Finalizers", () => {
     }
   }
 
+  /** A request's scope as the scaled-out close sees it: a plain cleanup, the observed finalizer, another. */
+  const aroundObserved = (finalizer: (ran: Array<string>) => Effect.Effect<void>) => {
+    const scope = Finalizers.makeScopeNow()
+    const ran: Array<string> = []
+    Finalizers.addNow(scope, () => ran.push("plain 1"))
+    Finalizers.addObservedNow(scope, () => finalizer(ran))
+    Finalizers.addNow(scope, () => ran.push("plain 2"))
+    return { scope, ran }
+  }
+
   it.effect(
     "closeNow with an observed finalizer: newer cleanups at once, older ones by callback once its outcome is in",
     () =>
       Effect.gen(function* () {
-        const scope = Finalizers.makeScopeNow()
-        const ran: Array<string> = []
         const reply = later()
-        Finalizers.addNow(scope, () => ran.push("plain 1"))
-        Finalizers.addObservedNow(scope, () => {
+        const { scope, ran } = aroundObserved((ran) => {
           ran.push("observed made")
           return reply.effect
         })
-        Finalizers.addNow(scope, () => ran.push("plain 2"))
         const closing = Finalizers.closeNow(scope, Exit.void)
         expect(ran).toEqual(["plain 2", "observed made"])
         expect(Observed.isObservable(closing)).toBe(true)
@@ -318,13 +324,9 @@ describe("Finalizers", () => {
 
   it.effect("an observed finalizer that throws as it is made is a defect, and the close goes on", () =>
     Effect.gen(function* () {
-      const ran: Array<string> = []
-      const scope = Finalizers.makeScopeNow()
-      Finalizers.addNow(scope, () => ran.push("plain 1"))
-      Finalizers.addObservedNow(scope, () => {
+      const { scope, ran } = aroundObserved(() => {
         throw new Error("making")
       })
-      Finalizers.addNow(scope, () => ran.push("plain 2"))
       const exit = yield* Effect.exit(Finalizers.closeNow(scope, Exit.void))
       expect(ran).toEqual(["plain 2", "plain 1"])
       expect(Exit.isFailure(exit) && [...Cause.defects(exit.cause)].map((d) => (d as Error).message)).toEqual(
@@ -337,14 +339,10 @@ describe("Finalizers", () => {
     "an observed finalizer that hands on an Effect: the close hands it on, and the older cleanups run after it, once",
     () =>
       Effect.gen(function* () {
-        const scope = Finalizers.makeScopeNow()
-        const ran: Array<string> = []
         const reply = later()
-        Finalizers.addNow(scope, () => ran.push("plain 1"))
-        Finalizers.addObservedNow(scope, () =>
+        const { scope, ran } = aroundObserved((ran) =>
           Observed.onExit(reply.effect, () => Effect.sync(() => ran.push("handed on"))),
         )
-        Finalizers.addNow(scope, () => ran.push("plain 2"))
         const read: Array<Effect.Effect<void>> = []
         Observed.observe(Finalizers.closeNow(scope, Exit.void), (result) => read.push(result))
         reply.settle(Exit.void)
