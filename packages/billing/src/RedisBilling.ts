@@ -619,7 +619,9 @@ export const make = (
           (reply): Effect.Effect<Ledger.UsageEntry | undefined> => {
             if (Exit.isSuccess(reply)) return Exit.succeed(afterCharge(settled.entry, reply.value))
             const failure = Cause.failureOption(reply.cause)
-            if (Option.isNone(failure)) return Exit.failCause(Cause.stripFailures(reply.cause))
+            // As `Effect.matchEffect` had it: only a failure alone is retried; a defect goes on.
+            if (Option.isNone(failure) || Cause.isDie(reply.cause))
+              return Exit.failCause(Cause.stripFailures(reply.cause))
             return Effect.gen(() =>
               chargedBody(
                 requestId,
