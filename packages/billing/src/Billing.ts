@@ -85,17 +85,13 @@ export interface AccountMoney {
 export interface HoldSent {
   /**
    * Waits for the book's answer and finishes the hold as `reserve` does (a
-   * book seeded first, a balance re-read, a wait for other holds). Run it
-   * once, or not at all; uninterruptible.
+   * book seeded first, a balance re-read, a wait for other holds);
+   * uninterruptible. Observable (`Observed`): read by plain calls, it gives
+   * the hold as an `Exit` where it was placed at the first try, else the
+   * Effect that goes on (the same steps as ever). Run or read it once, not
+   * both.
    */
   readonly hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>
-  /**
-   * `hold` by plain calls, instead of running it: `then` gets, once the
-   * book's answer is in, the hold as an `Exit` where it was placed at the
-   * first try, else `hold` itself to run (the same steps as ever). Read
-   * the hold once: by `observe` or by running `hold`, not both.
-   */
-  readonly observe: (then: (hold: Effect.Effect<Hold, ReserveRefusal | BillingUnavailable>) => void) => void
   /**
    * Settles what ran (as `settle`) — or voids the hold, with no settlement —
    * exactly once; nothing when no hold was placed. Sent at the call once the

@@ -700,37 +700,31 @@ export const make = (
         settlement === undefined
           ? Observed.map(voidSent(input.requestId), () => undefined)
           : settleSent(input.requestId, settlement, at)
-      const hold = Effect.uninterruptible(
-        Effect.suspend(() => {
-          started = true
-          // A hold placed at the first try in one step; anything else as `reserve` goes on.
-          return Effect.matchEffect(raw.wait, {
-            onSuccess: (reply) => {
-              const result = reserveReply(reply)
-              if (typeof result === "string")
-                return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
-              // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
-              const hold = local.get(input.requestId)
-              return hold === undefined ? reserve(input) : Effect.succeed(hold)
-            },
-            onFailure: (e) => {
+      // Observable: placed at the first try (the reply's handler put it in `local`) is an `Exit` read
+      // by callback (one step on a fiber); anything else goes on as `reserve` does.
+      const hold = Observed.uninterruptible(
+        Observed.onExit(
+          Observed.of(raw),
+          (reply): Effect.Effect<Hold, ReserveRefusal | BillingUnavailable> => {
+            started = true
+            if (Exit.isFailure(reply)) {
+              const failure = Cause.failureOption(reply.cause)
+              if (Option.isNone(failure) || Cause.isDie(reply.cause))
+                return Exit.failCause(Cause.stripFailures(reply.cause))
               firstFailed = true
-              return Effect.gen(() => holdSentBody(input, Effect.fail(e), now))
-            },
-          })
-        }),
+              return Effect.gen(() => holdSentBody(input, Effect.fail(failure.value), now))
+            }
+            const result = reserveReply(reply.value)
+            if (typeof result === "string")
+              return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
+            // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
+            const placedHold = local.get(input.requestId)
+            return placedHold === undefined ? reserve(input) : Exit.succeed(placedHold)
+          },
+        ),
       )
       return {
         hold,
-        observe: (then) =>
-          raw.observe((reply) => {
-            // Placed at the first try (the reply's handler put it in `local`): the hold by plain
-            // calls, as `hold` would give it; anything else is `hold` to run.
-            const placedHold = Exit.isSuccess(reply) ? local.get(input.requestId) : undefined
-            if (placedHold === undefined) return then(hold)
-            started = true
-            then(Exit.succeed(placedHold))
-          }),
         resolve: (settlement, at) => {
           if (resolved) return Effect.succeed(undefined)
           resolved = true

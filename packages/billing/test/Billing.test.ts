@@ -674,15 +674,15 @@ describeRedis(describe, "Billing on PostgreSQL with the book in Redis", (url, pr
     Database.layer("sqlite::memory:"),
     sentWith((holding) => holding.hold),
   )
-  // The same, the reply read by plain calls (the gateway's plain path): `observe` gives an Exit for
-  // a hold placed at once, else `hold` to run.
+  // The same, the reply read by plain calls (the gateway's plain path): `Observed.observe` gives an
+  // Exit for a hold placed at once, else the Effect that goes on.
   suite(
     "SQLite, holds sent at the call and observed",
     Database.layer("sqlite::memory:"),
     sentWith(
       (holding) =>
         Effect.async<Billing.Hold, Billing.ReserveRefusal | Billing.BillingUnavailable>((resume) =>
-          holding.observe(resume),
+          Observed.observe(holding.hold, resume),
         ),
       // The settlement too, as a plain close reads it (`Observed`): by callback, never an Effect to run.
       (resolving) =>

@@ -285,13 +285,11 @@ const serveNow = (edge: EdgeRequest, principal: Principal, request: NormalizedRe
     services.billing,
     services.clock,
   )
-  if (admitted instanceof AwaitingStore) {
-    admitted.observe((decided) =>
+  if (Either.isEither(admitted)) answerAdmitted(edge, principal, request, outcome, run, admitted)
+  else
+    Observed.observe(admitted, (decided) =>
       run.guarded(() => answerAdmitted(edge, principal, request, outcome, run, decided)),
     )
-    return
-  }
-  answerAdmitted(edge, principal, request, outcome, run, admitted)
 }
 
 /** The answer once admitted and held by plain calls; anything else goes on by Effect, or ends the request. */
@@ -338,20 +336,6 @@ type Admitted = { readonly permit: Quota.Permit; readonly hold: BillingService.H
 type AdmissionError = Quota.Refusal | AdmissionUnavailable | BillingService.ReserveRefusal
 
 /**
- * Admission and hold sent to the shared store (Redis), their replies on
- * their way: `observe` gives the outcome once it is known — an `Exit` where
- * both replies decided at once (admitted and held, or refused), else the
- * Effect that goes on.
- */
-class AwaitingStore {
-  constructor(readonly observe: (then: (decided: Effect.Effect<Admitted, AdmissionError>) => void) => void) {}
-  /** The same, waited for by a fiber (which goes on with what `observe` gives). */
-  wait(): Effect.Effect<Admitted, AdmissionError> {
-    return Effect.async<Admitted, AdmissionError>((resume) => this.observe(resume))
-  }
-}
-
-/**
  * The permit, then the hold — in that order where both decide in memory, and
  * then by plain calls in one step. Where both are round trips to Redis
  * (scaled out) both scripts are sent by plain calls in one synchronous run —
@@ -372,8 +356,8 @@ const admitAndHold = (
   outcome: ChatCompletions.Outcome,
   gauges: Operations.Gauges,
 ): Effect.Effect<Admitted, AdmissionError, Quota.Quota | BillingService.Billing> =>
-  Effect.withFiberRuntime((fiber) => {
-    const admitted = admitAndHoldWith(
+  Effect.withFiberRuntime((fiber) =>
+    admitAndHoldWith(
       edge,
       principal,
       request,
@@ -382,14 +366,14 @@ const admitAndHold = (
       Context.unsafeGet(fiber.currentContext, Quota.Quota),
       Context.unsafeGet(fiber.currentContext, BillingService.Billing),
       Context.get(fiber.currentDefaultServices, Clock.Clock),
-    )
-    return admitted instanceof AwaitingStore ? admitted.wait() : admitted
-  })
+    ),
+  )
 
 /**
  * `admitAndHold` by plain calls, the services given: an `Either` where
- * both decided in memory (an Either is an Effect too), both sent to the
- * shared store (`AwaitingStore`), else the Effect that waits for them.
+ * both decided in memory (an Either is an Effect too), else the Effect that
+ * waits for them — observable (`Observed`) where both were sent to the
+ * shared store: their replies are read by callback.
  */
 const admitAndHoldWith = (
   edge: EdgeRequest,
@@ -400,7 +384,7 @@ const admitAndHoldWith = (
   quota: Quota.QuotaShape,
   billing: BillingService.BillingShape,
   clock: Clock.Clock,
-): Either.Either<Admitted, AdmissionError> | AwaitingStore | Effect.Effect<Admitted, AdmissionError> => {
+): Either.Either<Admitted, AdmissionError> | Effect.Effect<Admitted, AdmissionError> => {
   const { res, requestId, services, scope } = edge
   const model = request.preset.id
   const waitMillis = Limits.moneyWaitMillis(principal.account, services.limits)
@@ -456,47 +440,27 @@ const admitAndHoldWith = (
   holding = reserveSent(input, clock.unsafeCurrentTimeMillis())
   const held = holding
   // The admission's refusal wins over the hold's: it is read first. Each reply is read by plain
-  // calls; a step that needs Effect (a refusal's release, a queue, a failure) is handed on.
-  // In the store's reply callbacks: a throw is the request's defect, not the connection's.
-  return new AwaitingStore((then) =>
-    admittingSent.observe((admission) => {
-      let decided: Quota.Permit | Effect.Effect<Admitted, AdmissionError>
-      try {
-        decided = admittedBy(admission)
-      } catch (thrown) {
-        decided = Exit.die(thrown)
-      }
-      if (Effect.isEffect(decided)) return then(decided)
-      const permit = decided
-      held.observe((hold) => {
-        const placed = exitOf(hold)
-        then(
-          placed !== undefined && Exit.isSuccess(placed)
-            ? Exit.succeed({ permit, hold: placed.value })
-            : Effect.map(Billing.heldSent(hold), (h) => ({ permit, hold: h })),
-        )
-      })
-    }),
-  )
-  /** The permit where the admission came at once, else how the request goes on (a refusal, the Effect path). */
+  // calls where the caller can (`Observed`); a step that needs Effect (a refusal's release, a
+  // queue, a failure) goes on by Effect, and a throw is the request's defect.
+  return Observed.onExit(admittingSent.admission, (admission) => {
+    const permit = admittedBy(admission)
+    if (Exit.isExit(permit)) return permit
+    return Observed.onExit(held.hold, (hold) =>
+      Exit.isSuccess(hold)
+        ? Exit.succeed({ permit, hold: hold.value })
+        : Effect.map(Billing.heldSent(hold), (placed) => ({ permit, hold: placed })),
+    )
+  })
+  /** The store's decision: the permit (its rates noted), or the refusal as an `Exit`. */
   function admittedBy(
-    admission: Effect.Effect<Quota.Admission, AdmissionUnavailable>,
-  ): Quota.Permit | Effect.Effect<Admitted, AdmissionError> {
-    const exit = exitOf(admission)
-    if (exit === undefined)
-      return Effect.flatMap(
-        Effect.tapError(admission, () => Effect.sync(gauges.refused)),
-        admittedThen,
-      )
-    if (Exit.isFailure(exit)) {
+    admission: Exit.Exit<Quota.Admission, AdmissionUnavailable>,
+  ): Quota.Permit | Exit.Exit<never, AdmissionError> {
+    if (Exit.isFailure(admission)) {
       gauges.refused()
       // A failure carries no value: its type is the admission's.
-      return exit as Exit.Exit<never, AdmissionUnavailable>
+      return admission as Exit.Exit<never, AdmissionUnavailable>
     }
-    return admittedNow(exit.value)
-  }
-  /** The store's decision: the permit (its rates noted), or the refusal as an `Exit`. */
-  function admittedNow(decided: Quota.Admission): Quota.Permit | Exit.Exit<never, AdmissionError> {
+    const decided = admission.value
     if (decided._tag === "Refused") {
       Limits.setRateHeaders(res, decided.rates)
       gauges.refused()
@@ -506,12 +470,6 @@ const admitAndHoldWith = (
     Limits.setRateHeaders(res, decided.permit.rates)
     gauges.admitted()
     return decided.permit
-  }
-  /** After an admission that ran by Effect: the hold waited for by Effect too. */
-  function admittedThen(decided: Quota.Admission): Effect.Effect<Admitted, AdmissionError> {
-    const permit = admittedNow(decided)
-    if (Exit.isExit(permit)) return permit
-    return Effect.map(Billing.heldSent(held.hold), (hold) => ({ permit, hold }))
   }
 }
 
@@ -633,13 +591,22 @@ const closed = (
   interrupted: boolean,
 ): Effect.Effect<void> =>
   Effect.matchCause(closing, {
-    onFailure: (cause) => {
-      if (!interrupted) render(edge, Exit.isFailure(exit) ? Cause.sequential(exit.cause, cause) : cause)
-    },
-    onSuccess: () => {
-      if (Exit.isFailure(exit) && !interrupted) render(edge, exit.cause)
-    },
+    onFailure: (cause) => renderEnd(edge, exit, cause, interrupted),
+    onSuccess: () => renderEnd(edge, exit, undefined, interrupted),
   })
+
+/** How the request failed, its close's failure after it (if any); nothing for an interrupted one. */
+const renderEnd = (
+  edge: EdgeRequest,
+  exit: Exit.Exit<unknown, unknown>,
+  closeFailed: Cause.Cause<unknown> | undefined,
+  interrupted: boolean,
+): void => {
+  if (interrupted) return
+  if (Exit.isFailure(exit))
+    render(edge, closeFailed === undefined ? exit.cause : Cause.sequential(exit.cause, closeFailed))
+  else if (closeFailed !== undefined) render(edge, closeFailed)
+}
 
 /**
  * A chat completion run by plain calls (`chatCompletionPlain`) until a step
@@ -733,14 +700,9 @@ class PlainRun implements RequestRun.RequestRun {
         .addObserver(this.ended)
       return
     }
-    // As `closed` renders; the drain and the log hear of the end whatever rendering does.
+    // The drain and the log hear of the end whatever rendering does.
     try {
-      if (!interrupted) {
-        const failed = Exit.isFailure(closing) ? closing.cause : undefined
-        if (Exit.isFailure(exit))
-          render(edge, failed === undefined ? exit.cause : Cause.sequential(exit.cause, failed))
-        else if (failed !== undefined) render(edge, failed)
-      }
+      renderEnd(edge, exit, Exit.isFailure(closing) ? closing.cause : undefined, interrupted)
     } finally {
       this.ended()
     }

@@ -12,7 +12,7 @@ import {
   Observed,
   RateLimitExceeded,
 } from "@swarmgate/protocol"
-import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
+import { Cause, Clock, Context, Effect, Either, Exit, Fiber, Layer, Option, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -132,17 +132,12 @@ export type Admission =
 export interface AdmissionSent {
   /**
    * Waits for the store's decision and finishes the admission as `admit`
-   * does (a queue wait, the lease). Run it once, or not at all.
+   * does (a queue wait, the lease). Observable (`Observed`): read by plain
+   * calls, it gives the admission as an `Exit` where it came at once
+   * (admitted), else the Effect that goes on (a refusal, a queue, a
+   * failure: the same steps as ever). Run or read it once, not both.
    */
   readonly admission: Effect.Effect<Admission, AdmissionUnavailable>
-  /**
-   * `admission` by plain calls, instead of running it: `then` gets, once
-   * the store's reply is in, the admission as an `Exit` where it came at
-   * once (admitted), else `admission` itself to run (a refusal, a queue, a
-   * failure: the same steps as ever). Read the admission once: by
-   * `observe` or by running `admission`, not both.
-   */
-  readonly observe: (then: (admission: Effect.Effect<Admission, AdmissionUnavailable>) => void) => void
   /** Whether the permit's units are committed (charged). */
   readonly committed: () => boolean
   /**
@@ -672,7 +667,6 @@ const build = (store: Store, options: QuotaOptions) =>
         const full = Exit.fail(instanceFull)
         return {
           admission: full,
-          observe: (then) => then(full),
           committed: () => false,
           release: () => Effect.void,
         }
@@ -690,32 +684,22 @@ const build = (store: Store, options: QuotaOptions) =>
           ),
         )
       // Admitted at once in one step; a refusal, a queue or a failure as `admit` goes on.
-      const admission = Effect.matchEffect(sent.wait, {
-        onSuccess: (outcome) => {
-          if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
-          state.answer = Either.right(outcome)
-          return Effect.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
-        },
-        onFailure: (error) => decide(Either.left(error)),
+      // Observable: admitted at once is an `Exit` read by callback (one step on a fiber); a refusal,
+      // a queue or a failure goes on as `admit` does. A throw here is a defect (`Observed.onExit`).
+      const admission = Observed.onExit(Observed.of(sent), (reply) => {
+        if (Exit.isFailure(reply)) {
+          const failure = Cause.failureOption(reply.cause)
+          return Option.isNone(failure) || Cause.isDie(reply.cause)
+            ? Exit.failCause(Cause.stripFailures(reply.cause))
+            : decide(Either.left(failure.value))
+        }
+        const outcome = reply.value
+        if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
+        state.answer = Either.right(outcome)
+        return Exit.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
       })
       return {
         admission,
-        observe: (then) =>
-          sent.observe((reply) => {
-            if (Exit.isSuccess(reply) && reply.value._tag === "Admitted") {
-              const outcome = reply.value
-              state.answer = Either.right(outcome)
-              let admitted: Admission
-              try {
-                admitted = admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock)
-              } catch (thrown) {
-                // In the store's reply callback: the request's defect, not the connection's.
-                return then(Exit.die(thrown))
-              }
-              return then(Exit.succeed(admitted))
-            }
-            then(admission)
-          }),
         committed: () => state.committed,
         release: (commit) => {
           if (state.done) return Effect.void

@@ -105,13 +105,16 @@ describe.skipIf(skipRedis)("redis store", () => {
       ),
   )
 
-  // The same, the decision read by plain calls (the gateway's plain path): `observe` gives an Exit
-  // for an admission at once, else `admission` to run.
+  // The same, the decision read by plain calls (the gateway's plain path): `Observed.observe` gives
+  // an Exit for an admission at once, else the Effect that goes on.
   // The release too, as a plain close reads it (`Observed`): by callback, never an Effect to run.
   const observedLayerWith = (options: Quota.QuotaOptions) =>
     sentLayerWith(
       options,
-      (sent) => Effect.async<Quota.Admission, AdmissionUnavailable>((resume) => sent.observe(resume)),
+      (sent) =>
+        Effect.async<Quota.Admission, AdmissionUnavailable>((resume) =>
+          Observed.observe(sent.admission, resume),
+        ),
       (released) =>
         Effect.async<void>((resume) =>
           Observed.observe(released, (result) =>
