@@ -320,14 +320,17 @@ const toRow = (id: string, endpoint: Endpoint, mode: string, measured: Measured)
   }
 }
 
-/** The run with the median of `by`, as a whole (its other readings belong to it). */
+/** A sort key with what cannot be measured (NaN: a run with no success) after every measured value. */
+const measuredFirst = (value: number) => (Number.isNaN(value) ? Number.POSITIVE_INFINITY : value)
+
+/** The run with the median of `by`, as a whole (its other readings belong to it); of an even count, the upper one. */
 const medianBy = <T>(rows: ReadonlyArray<T>, by: (row: T) => number): T =>
-  [...rows].sort((a, b) => by(a) - by(b))[Math.floor(rows.length / 2)]!
+  [...rows].sort((a, b) => measuredFirst(by(a)) - measuredFirst(by(b)))[Math.floor(rows.length / 2)]!
 
 /** The run with the median throughput, as a whole (its latency and CPU belong to it). */
 const median = <T extends { readonly rps: number }>(rows: ReadonlyArray<T>): T => medianBy(rows, (r) => r.rps)
 
-/** Rounds of the main section: each row of its tables is its target's median round. */
+/** Rounds of the main section: each row of its tables is its target's median round (odd: one middle round). */
 const MAIN_ROUNDS = 3
 
 /** One round of one target in the main section. */
@@ -439,8 +442,10 @@ const main = async () => {
         headers: portkey.headers,
       },
     ]
-    const sat = { c: 32, duration: seconds(3), warmup: seconds(1.5) }
+    const sat = { c: 32, duration: seconds(4), warmup: seconds(1.5) }
     const one = { duration: seconds(3), warmup: seconds(1) }
+    /** The main section's loaded rounds: three windows of 3 s rather than one of 4. */
+    const satRound = { ...sat, duration: seconds(3) }
 
     if (sections.has("main")) {
       log("section main")
@@ -465,14 +470,14 @@ const main = async () => {
         for (let round = 0; round < MAIN_ROUNDS; round++)
           for (const { endpoint, loaded, single } of measured) {
             const id = (c: number) => `${mode.name} ${endpoint.target} c=${c} #${round + 1}`
-            // Every path is warm after the first round (and the warm-up before it).
-            const warm = (millis: number) => (round === 0 ? millis : seconds(0.5))
+            // The same warm-up in every round: each run opens new connections, after which V8 deoptimises
+            // and recompiles some of Node's socket code for a few seconds (BENCHMARKS.md, seventh session).
             loaded.push(
               await measureRow(
-                id(sat.c),
+                id(satRound.c),
                 endpoint,
                 mode.name,
-                loadOptions(endpoint, mode, sat.c, sat.duration, warm(sat.warmup)),
+                loadOptions(endpoint, mode, satRound.c, satRound.duration, satRound.warmup),
               ),
             )
             single.push(
@@ -480,7 +485,7 @@ const main = async () => {
                 id(1),
                 endpoint,
                 mode.name,
-                loadOptions(endpoint, mode, 1, one.duration, warm(one.warmup)),
+                loadOptions(endpoint, mode, 1, one.duration, one.warmup),
               ),
             )
           }
@@ -488,11 +493,18 @@ const main = async () => {
           mainRounds.push(...loaded.map((row, round) => ({ ...row, round })))
           mainRounds.push(...single.map((row, round) => ({ ...row, round })))
           // Throughput, CPU and memory from the loaded round of median CPU; latency from the one-connection
-          // round of median p99.
+          // round of median p99; failures and errors from every round, so that none is hidden by a median.
           const cpu = medianBy(loaded, (r) => r.cpuMicrosPerRequest)
           const latency = medianBy(single, (r) => r.e2eP99)
+          const every = [...loaded, ...single]
+          const errors: Record<string, number> = {}
+          for (const row of every)
+            for (const [kind, n] of Object.entries(row.errors)) errors[kind] = (errors[kind] ?? 0) + n
           main.push({
             ...cpu,
+            errors,
+            failed: every.reduce((sum, r) => sum + r.failed, 0),
+            total: every.reduce((sum, r) => sum + r.total, 0),
             e2eP50: latency.e2eP50,
             e2eP99: latency.e2eP99,
             ttftP50: latency.ttftP50,
@@ -996,9 +1008,10 @@ const targets = (
 ): Array<Target> => {
   const get = (mode: string, target: string) => main.find((r) => r.mode === mode && r.target === target)
   /**
-   * `of` of `a` against `b` (rows of one mode) in each round where both ran at
-   * `a`'s connections: measured seconds apart, so a slower or busier host
-   * weighs on both sides of each pair. Fewer than two without rounds.
+   * `of` of `a` against `b` (rows of one mode) in each round where both ran,
+   * each at its row's connections: measured seconds apart, so a slower or
+   * busier host weighs on both sides of each pair. Fewer than two without
+   * rounds.
    */
   const paired = (a: Row, b: Row, of: (a: Row, b: Row) => number): Array<number> => {
     const at = (row: Row) =>
@@ -1011,8 +1024,13 @@ const targets = (
       return y === undefined ? [] : [of(x, y)]
     })
   }
-  const middle = (values: ReadonlyArray<number>) =>
-    [...values].sort((x, y) => x - y)[Math.floor(values.length / 2)]!
+  /** The median; of an even count, the mean of the middle two; NaN when a round measured nothing. */
+  const middle = (values: ReadonlyArray<number>) => {
+    if (values.some(Number.isNaN)) return Number.NaN
+    const sorted = [...values].sort((x, y) => x - y)
+    const half = Math.floor(sorted.length / 2)
+    return sorted.length % 2 === 1 ? sorted[half]! : (sorted[half - 1]! + sorted[half]!) / 2
+  }
   /** The rows' value, or with rounds the median of the paired rounds' (and the rounds, for the table). */
   const pairedValue = (a: Row, b: Row, of: (a: Row, b: Row) => number, digits: number, unit: string) => {
     const values = paired(a, b, of)
@@ -1490,10 +1508,10 @@ const report = (r: Results): string => {
     parts.push(
       "### Throughput and cost (32 connections, closed loop)\n",
       "Portkey OSS 1.15.2 is compared on JSON only: on this Node 20 it fails every streamed request (`TypeError: immutable` when it appends to a fetch Response's headers).\n",
-      "CPU is the process under test's own user + system time over the measured window (`/proc/<pid>/stat`) divided by the successful requests; RSS at the end of the run. ⚠ = another tenant of the machine held more than 20% of core 1 during the run: its req/s is low, its CPU µs/req still holds.\n",
+      "CPU is the process under test's own user + system time over the measured window (`/proc/<pid>/stat`) divided by the successful requests; RSS at the end of the run. Where the run had rounds, each row is its target's round of median CPU per request, its errors those of every round. ⚠ = another tenant of the machine held more than 20% of core 1 during the run: its req/s is low, its CPU µs/req still holds.\n",
       throughputTable(r.main),
       "### Latency at one connection (µs)\n",
-      "`added` = this target's percentile minus the direct node's percentile; `× proxy` = swarmgate's added latency over the bare proxy's.\n",
+      "`added` = this target's percentile minus the direct node's percentile; `× proxy` = swarmgate's added latency over the bare proxy's. Where the run had rounds, each row is its target's round of median p99 (the targets table pairs each round with the direct node's instead).\n",
       latencyTable(r.main),
     )
   if (r.counts.length > 0)
