@@ -248,6 +248,8 @@ export const streamsTable = (rows: ReadonlyArray<Row>) =>
 export interface NodesRow extends Row {
   readonly nodes: number
   readonly idlePercent: number
+  /** CPU µs per request of each round, where the section ran in rounds (the row is the median round). */
+  readonly roundsCpuMicros?: ReadonlyArray<number> | undefined
 }
 
 export const nodesTable = (rows: ReadonlyArray<NodesRow>) =>
