@@ -26,7 +26,7 @@
 import { SqlClient, type SqlError } from "@effect/sql"
 import { Observed } from "@swarmgate/protocol"
 import { Database, Redis as R } from "@swarmgate/store"
-import { Cause, Clock, type ConfigError, Effect, Exit, Layer, Option, type Redacted, Scope } from "effect"
+import { Clock, type ConfigError, Effect, Exit, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
 import {
   type AccountMoney,
@@ -614,24 +614,18 @@ export const make = (
       // The common answer in one step, read by callback where the caller can (`Observed`); a failure
       // goes through the retries.
       return Observed.uninterruptible(
-        Observed.onExit(
-          Observed.of(R.sendNow(redis, Scripts.settle, settled.keys, settled.args)),
-          (reply): Effect.Effect<Ledger.UsageEntry | undefined> => {
-            if (Exit.isSuccess(reply)) return Exit.succeed(afterCharge(settled.entry, reply.value))
-            const failure = Cause.failureOption(reply.cause)
-            // As `Effect.matchEffect` had it: only a failure alone is retried; a defect goes on.
-            if (Option.isNone(failure) || Cause.isDie(reply.cause))
-              return Exit.failCause(Cause.stripFailures(reply.cause))
-            return Effect.gen(() =>
+        Observed.matchEffect(Observed.of(R.sendNow(redis, Scripts.settle, settled.keys, settled.args)), {
+          onSuccess: (charged) => Exit.succeed(afterCharge(settled.entry, charged)),
+          onFailure: (e) =>
+            Effect.gen(() =>
               chargedBody(
                 requestId,
                 settled,
-                Effect.fail(failure.value),
+                Effect.fail(e),
                 run(Scripts.settle, settled.keys, settled.args),
               ),
-            )
-          },
-        ),
+            ),
+        }),
       )
     }
 
@@ -703,25 +697,23 @@ export const make = (
       // Observable: placed at the first try (the reply's handler put it in `local`) is an `Exit` read
       // by callback (one step on a fiber); anything else goes on as `reserve` does.
       const hold = Observed.uninterruptible(
-        Observed.onExit(
-          Observed.of(raw),
-          (reply): Effect.Effect<Hold, ReserveRefusal | BillingUnavailable> => {
-            started = true
-            if (Exit.isFailure(reply)) {
-              const failure = Cause.failureOption(reply.cause)
-              if (Option.isNone(failure) || Cause.isDie(reply.cause))
-                return Exit.failCause(Cause.stripFailures(reply.cause))
+        Observed.onExit(Observed.of(raw), (answer) => {
+          started = true
+          return Observed.matchEffect(answer, {
+            onSuccess: (reply): Effect.Effect<Hold, ReserveRefusal | BillingUnavailable> => {
+              const result = reserveReply(reply)
+              if (typeof result === "string")
+                return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
+              // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
+              const placedHold = local.get(input.requestId)
+              return placedHold === undefined ? reserve(input) : Exit.succeed(placedHold)
+            },
+            onFailure: (e) => {
               firstFailed = true
-              return Effect.gen(() => holdSentBody(input, Effect.fail(failure.value), now))
-            }
-            const result = reserveReply(reply.value)
-            if (typeof result === "string")
-              return Effect.gen(() => holdSentBody(input, Effect.succeed(result), now))
-            // Gone only if its lease lapsed meanwhile (swept): then a hold is placed afresh.
-            const placedHold = local.get(input.requestId)
-            return placedHold === undefined ? reserve(input) : Exit.succeed(placedHold)
-          },
-        ),
+              return Effect.gen(() => holdSentBody(input, Effect.fail(e), now))
+            },
+          })
+        }),
       )
       return {
         hold,

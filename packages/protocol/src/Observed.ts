@@ -122,6 +122,30 @@ export const asVoid = <A, E>(effect: Effect.Effect<A, E>): Effect.Effect<void, E
     : Effect.asVoid(effect)
 
 /**
+ * `Effect.matchEffect`, observable where `effect` is: a success goes to
+ * `onSuccess`, a failure alone to `onFailure`, a defect or an interruption
+ * goes on as it is; a failure with a defect (rare) is handed to
+ * `Effect.matchEffect` itself, whose rule for it (its failures become
+ * defects) a fiber applies.
+ */
+export const matchEffect = <A, E, B, E2, C, E3>(
+  effect: Effect.Effect<A, E>,
+  options: {
+    readonly onFailure: (error: E) => Effect.Effect<B, E2>
+    readonly onSuccess: (value: A) => Effect.Effect<C, E3>
+  },
+): Effect.Effect<B | C, E2 | E3> => {
+  if (!isObservable(effect)) return Effect.matchEffect(effect, options)
+  return onExit(effect, (exit): Effect.Effect<B | C, E2 | E3> => {
+    if (Exit.isSuccess(exit)) return options.onSuccess(exit.value)
+    const failure = Cause.failureOption(exit.cause)
+    if (Option.isNone(failure)) return exit as unknown as Exit.Exit<never, never>
+    if (Cause.isDie(exit.cause)) return Effect.matchEffect(exit, options)
+    return options.onFailure(failure.value)
+  })
+}
+
+/**
  * `Effect.catchAll`, observable where `effect` is: a failure is handled, a
  * defect or an interruption goes on as it is; a cause with both (rare) is
  * handed to `Effect.catchAll` itself, whose rule for it a fiber applies.

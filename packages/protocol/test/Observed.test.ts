@@ -28,6 +28,8 @@ type Step =
   | "catchAll to exit"
   | "catchAll to effect"
   | "onExit to exit"
+  | "matchEffect to exit"
+  | "matchEffect to effect"
   | "uninterruptible"
 type Outcome = "success" | "failure" | "defect" | "failure and defect"
 
@@ -36,7 +38,9 @@ const exitOf = (outcome: Outcome): Exit.Exit<number, string> =>
     ? Exit.succeed(1)
     : outcome === "failure"
       ? Exit.fail("no")
-      : Exit.die(new Error("bug"))
+      : outcome === "defect"
+        ? Exit.die(new Error("bug"))
+        : Exit.failCause(Cause.sequential(Cause.fail("no"), Cause.die(new Error("bug"))))
 
 const build = (source: Source, outcome: Outcome) => {
   const exit = exitOf(outcome)
@@ -62,6 +66,16 @@ const apply = (effect: Effect.Effect<unknown, string>, step: Step): Effect.Effec
       return Observed.onExit(effect, (exit) =>
         Exit.isSuccess(exit) ? Exit.succeed("ok") : Exit.fail("again"),
       )
+    case "matchEffect to exit":
+      return Observed.matchEffect(effect, {
+        onSuccess: (a) => Exit.succeed([a]),
+        onFailure: (e) => Exit.succeed(`handled ${e}`),
+      })
+    case "matchEffect to effect":
+      return Observed.matchEffect(effect, {
+        onSuccess: (a) => Exit.succeed([a]),
+        onFailure: (e) => Effect.sync(() => `handled later ${e}`),
+      })
     case "uninterruptible":
       return Observed.uninterruptible(effect)
   }
@@ -85,6 +99,8 @@ describe("Observed", () => {
             "catchAll to exit",
             "catchAll to effect",
             "onExit to exit",
+            "matchEffect to exit",
+            "matchEffect to effect",
             "uninterruptible",
           ),
           { maxLength: 5 },
@@ -114,11 +130,40 @@ describe("Observed", () => {
               state = "fiber"
             else if (step === "catchAll to exit" && state === "failure and defect") state = "fiber"
             else if (step === "onExit to exit") state = state === "success" ? "success" : "failure"
+            else if (step.startsWith("matchEffect") && state === "failure and defect") state = "fiber"
+            else if (step === "matchEffect to exit" && state === "failure") state = "success"
+            else if (step === "matchEffect to effect" && state === "failure") state = "fiber"
           }
           if (source !== "plain effect" && state !== "fiber") expect(Exit.isExit(given!)).toBe(true)
         },
       ),
     )
+  })
+
+  it("matchEffect gives what Effect.matchEffect gives, a failure with a defect included", async () => {
+    const options = {
+      onSuccess: (a: number) => Exit.succeed(`value ${a}`),
+      onFailure: (e: string) => Effect.sync(() => `handled ${e}`),
+    }
+    for (const outcome of ["success", "failure", "defect", "failure and defect"] as const) {
+      const expected = summary(
+        await Effect.runPromise(
+          Effect.exit(
+            Effect.matchEffect(
+              Effect.suspend(() => exitOf(outcome)),
+              options,
+            ),
+          ),
+        ),
+      )
+      const r = reply<number, string>()
+      let given: Effect.Effect<string> | undefined
+      Observed.observe(Observed.matchEffect(r.effect, options), (result) => (given = result))
+      r.settle(exitOf(outcome))
+      expect(summary(await Effect.runPromise(Effect.exit(given!)))).toEqual(expected)
+      // A value, or a defect with no failure beside it, is read by plain calls.
+      if (outcome === "success" || outcome === "defect") expect(Exit.isExit(given)).toBe(true)
+    }
   })
 
   it("what an uninterruptible observed Effect hands on finishes, its fiber interrupted while it waited", async () => {

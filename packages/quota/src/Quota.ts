@@ -12,7 +12,7 @@ import {
   Observed,
   RateLimitExceeded,
 } from "@swarmgate/protocol"
-import { Cause, Clock, Context, Effect, Either, Exit, Fiber, Layer, Option, Runtime, Scope } from "effect"
+import { Clock, Context, Effect, Either, Exit, Fiber, Layer, Runtime, Scope } from "effect"
 import {
   MICROS_PER_MILLI,
   MICROS_PER_SECOND,
@@ -686,17 +686,13 @@ const build = (store: Store, options: QuotaOptions) =>
       // Admitted at once in one step; a refusal, a queue or a failure as `admit` goes on.
       // Observable: admitted at once is an `Exit` read by callback (one step on a fiber); a refusal,
       // a queue or a failure goes on as `admit` does. A throw here is a defect (`Observed.onExit`).
-      const admission = Observed.onExit(Observed.of(sent), (reply) => {
-        if (Exit.isFailure(reply)) {
-          const failure = Cause.failureOption(reply.cause)
-          return Option.isNone(failure) || Cause.isDie(reply.cause)
-            ? Exit.failCause(Cause.stripFailures(reply.cause))
-            : decide(Either.left(failure.value))
-        }
-        const outcome = reply.value
-        if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
-        state.answer = Either.right(outcome)
-        return Exit.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
+      const admission = Observed.matchEffect(Observed.of(sent), {
+        onSuccess: (outcome) => {
+          if (outcome._tag !== "Admitted") return decide(Either.right(outcome))
+          state.answer = Either.right(outcome)
+          return Exit.succeed(admittedSent(request, permit, state, outcome.rates.map(rateStatus), clock))
+        },
+        onFailure: (error) => decide(Either.left(error)),
       })
       return {
         admission,
