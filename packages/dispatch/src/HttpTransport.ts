@@ -356,11 +356,18 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   const origin = endpoint.origin
   const path = `${endpoint.pathname}${endpoint.search}`
   const connectTimeoutMillis = options.connectTimeoutMillis ?? 10_000
-  const headers: Record<string, string> = {
-    "content-type": "application/json",
-    accept: "text/event-stream",
-  }
-  if (options.apiKey !== undefined) headers.authorization = `Bearer ${options.apiKey}`
+  const authorization = options.apiKey === undefined ? undefined : `Bearer ${options.apiKey}`
+  // Each request's headers as one literal: a spread of shared headers (`{ ...headers, id }`) is
+  // copied by V8 in a way that outlives young collections (docs/ARCHITECTURE.md, "Object spread").
+  const headersFor = (requestId: string): Record<string, string> =>
+    authorization === undefined
+      ? { "content-type": "application/json", accept: "text/event-stream", "x-request-id": requestId }
+      : {
+          "content-type": "application/json",
+          accept: "text/event-stream",
+          authorization,
+          "x-request-id": requestId,
+        }
   const failure = (reason: string) => new NodeFailure({ nodeId: id, reason })
   // What this node's chunks look like, learned by its first streams and kept for the rest.
   const shapes = new ChunkShapes()
@@ -410,7 +417,7 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
         origin,
         path,
         method: "POST",
-        headers: { ...headers, "x-request-id": request.requestId },
+        headers: headersFor(request.requestId),
         body: JSON.stringify(requestBody(request)),
         // The dispatcher owns the idle limit; undici's own would cut long silences at 300 s.
         bodyTimeout: 0,

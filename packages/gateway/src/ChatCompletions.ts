@@ -414,7 +414,7 @@ const open = (answer: Answer): Reading => {
   const chunk = (delta: string, finish: string) =>
     `data: ${head}{"index":0,"delta":${delta},"finish_reason":${finish}}]${usageTail}\n\n`
 
-  res.writeHead(200, { ...SseEncoder.SSE_HEADERS, [REQUEST_ID_HEADER]: requestId })
+  res.writeHead(200, SseEncoder.sseHeadersWith(REQUEST_ID_HEADER, requestId))
   flatHeader(res)
   outcome.headersSent = true
   // The role chunk goes out with what is written first (the node's first token is here already:
@@ -584,10 +584,7 @@ const prepare = (
           : why.revoked,
       requestId,
     )
-    res.writeHead(rendered.status, {
-      ...rendered.headers,
-      "content-length": String(Buffer.byteLength(rendered.body)),
-    })
+    res.writeHead(rendered.status, rendered.headers)
     res.end(rendered.body)
   }
 

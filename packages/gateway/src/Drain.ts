@@ -39,11 +39,8 @@ export const drainingError = (retryAfterSeconds = 5) =>
 /** Writes the 503 `server_draining` answer; the connection closes after it. */
 export const refuse = (res: ServerResponse, requestId: string) => {
   const rendered = renderError(drainingError(), requestId)
-  res.writeHead(rendered.status, {
-    ...rendered.headers,
-    connection: "close",
-    "content-length": String(Buffer.byteLength(rendered.body)),
-  })
+  rendered.headers.connection = "close"
+  res.writeHead(rendered.status, rendered.headers)
   res.end(rendered.body)
 }
 

@@ -16,8 +16,10 @@ import {
 import { Exit, type Scope } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
+/** An answer without a body; `headers` is the caller's own object (content-length is added to it). */
 export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
-  res.writeHead(status, { ...headers, "content-length": "0" })
+  headers["content-length"] = "0"
+  res.writeHead(status, headers)
   res.end()
 }
 
@@ -194,10 +196,7 @@ export const sendError = (req: IncomingMessage, res: ServerResponse, requestId: 
   if (error.status === 413 || error.status === 408 || error.status === 415 || error.status === 401) {
     closeAfterUnreadBody(req, res)
   }
-  res.writeHead(rendered.status, {
-    ...rendered.headers,
-    "content-length": String(Buffer.byteLength(rendered.body)),
-  })
+  res.writeHead(rendered.status, rendered.headers)
   res.end(rendered.body)
 }
 

@@ -237,10 +237,8 @@ const startServing = (edge: EdgeRequest) => {
 const servedFor = (request: NormalizedRequest, hold: BillingService.Hold): NormalizedRequest =>
   hold.maxTokens < request.maxTokens ? { ...request, maxTokens: hold.maxTokens } : request
 
-const hooksFor = (edge: EdgeRequest, principal: Principal, permit: Quota.Permit) => ({
-  ...Operations.respondHooks(edge.res, permit),
-  onRevocation: revocation(edge, principal),
-})
+const hooksFor = (edge: EdgeRequest, principal: Principal, permit: Quota.Permit) =>
+  Operations.respondHooks(edge.res, permit, revocation(edge, principal))
 
 /**
  * Admission, the hold and the answer, in one scope: the node stream, the

@@ -263,7 +263,11 @@ export const gauges = (res: ServerResponse): Gauges => {
  * call where it was decided in memory) and notes the node and the time, and
  * lets the drain end the answer at its deadline.
  */
-export const respondHooks = (res: ServerResponse, permit: Quota.Permit): ChatCompletions.RespondHooks => {
+export const respondHooks = (
+  res: ServerResponse,
+  permit: Quota.Permit,
+  onRevocation?: ChatCompletions.RespondHooks["onRevocation"],
+): ChatCompletions.RespondHooks => {
   // The permit is committed the moment generation starts: failures before leave no count.
   const { commitNow } = permit
   const commit = (): Effect.Effect<void> | undefined => {
@@ -272,7 +276,9 @@ export const respondHooks = (res: ServerResponse, permit: Quota.Permit): ChatCom
     return undefined
   }
   const ctx = contextOf(res)
-  if (ctx === undefined) return { onRun: commit }
+  // One literal with every hook: spreading these into another object per request outlived young
+  // collections (docs/ARCHITECTURE.md, "Object spread").
+  if (ctx === undefined) return { onRun: commit, onRevocation }
   const record = ctx.record
   const drainer = ctx.ops.drainer
   return {
@@ -285,6 +291,7 @@ export const respondHooks = (res: ServerResponse, permit: Quota.Permit): ChatCom
     onStopped: (code) => {
       record.code = code
     },
+    onRevocation,
   }
 }
 

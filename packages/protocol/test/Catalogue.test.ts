@@ -203,6 +203,7 @@ describe("catalogue vs spec §7.2", () => {
         })
         expect(header(rendered, "x-request-id")).toBe(REQUEST_ID)
         expect(header(rendered, "content-type")).toMatch(/^application\/json\b/)
+        expect(header(rendered, "content-length")).toBe(String(Buffer.byteLength(rendered.body)))
         expect(
           Either.isRight(Schema.decodeUnknownEither(ErrorEnvelopeSchema)(JSON.parse(rendered.body))),
         ).toBe(true)
@@ -277,6 +278,7 @@ describe("outside the table: 422 and 500", () => {
     const rendered = renderError(new ValidationFailed({ detail }), REQUEST_ID)
     expect(rendered.status).toBe(422)
     expect(JSON.parse(rendered.body)).toStrictEqual({ detail })
+    expect(header(rendered, "content-length")).toBe(String(Buffer.byteLength(rendered.body)))
     expect(header(rendered, "x-request-id")).toBe(REQUEST_ID)
     expect(header(rendered, "content-type")).toMatch(/^application\/json\b/)
     expect(header(rendered, "retry-after")).toBeUndefined()

@@ -326,7 +326,15 @@ export const normalizeCached = (request: AdmitRequest): Normalized => {
   } else if (typeof request.subject !== "string" || request.subject.length === 0) {
     invalid("subject must be non-empty")
   }
-  return { subject: request.subject, resource: request.resource ?? "", ...limits }
+  // A literal, not `{ ...limits }`: per request, V8's spread copies outlive young collections
+  // (docs/ARCHITECTURE.md, "Object spread").
+  return {
+    subject: request.subject,
+    resource: request.resource ?? "",
+    rates: limits.rates,
+    quotas: limits.quotas,
+    concurrency: limits.concurrency,
+  }
 }
 
 /** A permit of the general path, as its release and its lease renewals read it. */

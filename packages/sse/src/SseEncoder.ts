@@ -22,6 +22,19 @@ export const SSE_HEADERS: Readonly<Record<string, string>> = Object.freeze({
   "x-accel-buffering": "no",
 })
 
+/**
+ * `SSE_HEADERS` and one more header (a request id), as one new object: a
+ * literal, because V8's copies made by an object spread of `SSE_HEADERS`, one
+ * per stream, outlived young collections.
+ */
+export const sseHeadersWith = (name: string, value: string): Record<string, string> => ({
+  "content-type": "text/event-stream; charset=utf-8",
+  "cache-control": "no-cache",
+  connection: "keep-alive",
+  "x-accel-buffering": "no",
+  [name]: value,
+})
+
 const lineBreak = /\r\n|\r|\n/
 
 /**

@@ -1,5 +1,13 @@
 import { describe, expect, it } from "@effect/vitest"
-import { DONE, encodeComment, encodeData, encodeEvent, keepAlive, SSE_HEADERS } from "../src/SseEncoder"
+import {
+  DONE,
+  encodeComment,
+  encodeData,
+  encodeEvent,
+  keepAlive,
+  SSE_HEADERS,
+  sseHeadersWith,
+} from "../src/SseEncoder"
 
 const bytes = (s: string) => Array.from(new TextEncoder().encode(s))
 
@@ -37,5 +45,12 @@ describe("SseEncoder", () => {
       connection: "keep-alive",
       "x-accel-buffering": "no",
     })
+  })
+
+  it("adds one header to the same headers, in a new object each time", () => {
+    const first = sseHeadersWith("x-request-id", "req_1")
+    expect(first).toEqual({ ...SSE_HEADERS, "x-request-id": "req_1" })
+    expect(sseHeadersWith("x-request-id", "req_2")).not.toBe(first)
+    expect(first["x-request-id"]).toBe("req_1")
   })
 })

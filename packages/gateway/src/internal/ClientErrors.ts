@@ -29,11 +29,8 @@ export const onClientError = (error: Error & { readonly code?: string }, socket:
   if (error.code !== "ECONNRESET" && socket.writable && !inFlight?.headersSent) {
     const requestId = newRequestId()
     const rendered = renderError(errorFor(error.code), requestId)
-    const headers = {
-      ...rendered.headers,
-      "content-length": String(Buffer.byteLength(rendered.body)),
-      connection: "close",
-    }
+    const headers = rendered.headers
+    headers.connection = "close"
     const head = Object.entries(headers)
       .map(([name, value]) => `${name}: ${value}\r\n`)
       .join("")
