@@ -419,7 +419,7 @@ export const handle = (
     }
     if (first === "login" && id === undefined) {
       if (get) return sendHtml(res, 200, loginPage())
-      if (method !== "POST") return HttpIo.empty(res, 405, { allow: "GET, POST" })
+      if (method !== "POST") return HttpIo.empty(res, 405, "GET, POST")
       if (foreignOrigin(req)) return forbidden(res)
       const form = yield* readForm(req, startedAt)
       if (!ConsoleSession.sameSecret(form.get("token") ?? "", adminToken))
@@ -437,7 +437,7 @@ export const handle = (
       return forbidden(res)
     }
     if (first === "logout" && id === undefined) {
-      if (method !== "POST") return HttpIo.empty(res, 405, { allow: "POST" })
+      if (method !== "POST") return HttpIo.empty(res, 405, "POST")
       if (foreignOrigin(req)) return forbidden(res)
       const form = yield* readForm(req, startedAt)
       if (!ConsoleSession.sameSecret(form.get("csrf") ?? "", session.csrf)) return forbidden(res)
@@ -469,7 +469,7 @@ export const handle = (
         return yield* show(accountPage(id, url, session))
       return HttpIo.empty(res, 404)
     }
-    if (method !== "POST") return HttpIo.empty(res, 405, { allow: "GET, POST" })
+    if (method !== "POST") return HttpIo.empty(res, 405, "GET, POST")
 
     const go = (back: string, act: Action) => change(req, res, session, startedAt, back, act)
     if (first === "applications" && id !== undefined && action === "approve")

@@ -109,6 +109,12 @@ const WAIT_POLL_MILLIS = 50
 /** Pure timer, not the Effect clock: shutdown waits in real time even under TestClock. */
 const sleepReal = (millis: number) => Effect.promise(() => new Promise((r) => setTimeout(r, millis)))
 
+/** A settlement that could not reach Redis, with when it failed (only after a Redis failure). */
+const withSince = <T extends object>(settlement: T, since: number): T & { readonly since: number } => ({
+  ...settlement,
+  since,
+})
+
 const chunks = <A>(items: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> => {
   const out: Array<ReadonlyArray<A>> = []
   for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size))
@@ -513,7 +519,7 @@ export const make = (
         )
         return undefined
       }
-      late.set(requestId, { ...settlement, since: yield* Clock.currentTimeMillis })
+      late.set(requestId, withSince(settlement, yield* Clock.currentTimeMillis))
       lateWaiting.unsafeOpen()
       yield* throttled(
         `billing: settling ${requestId} failed (${charged.left.reason}); it is sent again once Redis answers`,

@@ -109,12 +109,18 @@ export class Dispatcher extends Context.Tag("@swarmgate/dispatch/Dispatcher")<
   DispatcherShape
 >() {}
 
+/** The health options with the caller's overrides (once per dispatcher). */
+const healthOptionsOf = (options: DispatcherOptions): HealthOptions => ({
+  ...defaultHealthOptions,
+  ...options.health,
+})
+
 export const make = (
   presets: ReadonlyArray<Preset>,
   nodes: ReadonlyArray<SwarmNode>,
   options: DispatcherOptions = {},
 ): DispatcherShape => {
-  const health: HealthOptions = { ...defaultHealthOptions, ...options.health }
+  const health = healthOptionsOf(options)
   const pool = new NodePool(presets, nodes, {
     queueMax: options.queueMax ?? 256,
     probeIntervalMillis: options.probeIntervalMillis ?? 5_000,

@@ -16,10 +16,9 @@ import {
 import { Exit, type Scope } from "effect"
 import type { GatewayConfigShape } from "./GatewayConfig"
 
-/** An answer without a body; `headers` is the caller's own object (content-length is added to it). */
-export const empty = (res: ServerResponse, status: number, headers: Record<string, string> = {}) => {
-  headers["content-length"] = "0"
-  res.writeHead(status, headers)
+/** An answer without a body, with `allow` (a 405's methods) when given. */
+export const empty = (res: ServerResponse, status: number, allow?: string) => {
+  res.writeHead(status, allow === undefined ? { "content-length": "0" } : { allow, "content-length": "0" })
   res.end()
 }
 

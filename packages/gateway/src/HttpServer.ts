@@ -787,7 +787,7 @@ export const makeListener = (runtime: Runtime.Runtime<GatewayServices>, ops?: Op
     }
     if (decided._tag === "Empty") {
       closeAfterUnreadBody(req, res)
-      return empty(res, decided.status, decided.allow ? { allow: decided.allow } : {})
+      return empty(res, decided.status, decided.allow)
     }
     let run: RequestRun.RequestRun
     if (decided._tag === "Plain") {

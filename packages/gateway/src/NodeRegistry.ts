@@ -115,8 +115,7 @@ export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOpt
     yield* syncLogged
     yield* Effect.forkScoped(Effect.repeat(syncLogged, Schedule.spaced(options.syncMillis ?? 1_000)))
 
-    const decorated: Dispatcher.DispatcherShape = {
-      ...inner,
+    return decorate(inner, {
       register: (spec, ttlMillis) =>
         Effect.flatMap(
           inner.register(spec, ttlMillis),
@@ -145,9 +144,14 @@ export const make = (inner: Dispatcher.DispatcherShape, options: NodeRegistryOpt
             Effect.as(status),
           )
         }),
-    }
-    return decorated
+    })
   })
+
+/** `inner` with some of its operations replaced (once per layer). */
+const decorate = (
+  inner: Dispatcher.DispatcherShape,
+  overrides: Pick<Dispatcher.DispatcherShape, "register" | "drain">,
+): Dispatcher.DispatcherShape => ({ ...inner, ...overrides })
 
 /** Decorates the `Dispatcher` in context so that its registrations are shared through Redis. */
 export const layer = (

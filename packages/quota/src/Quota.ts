@@ -326,7 +326,7 @@ export const normalizeCached = (request: AdmitRequest): Normalized => {
   } else if (typeof request.subject !== "string" || request.subject.length === 0) {
     invalid("subject must be non-empty")
   }
-  // A literal, not `{ ...limits }`: per request, V8's spread copies outlive young collections
+  // Every field named: a copy by spread (`{ subject, resource, ...limits }`) cost ~40 ns against ~20
   // (docs/ARCHITECTURE.md, "Object spread").
   return {
     subject: request.subject,
