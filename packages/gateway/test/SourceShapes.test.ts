@@ -128,6 +128,7 @@ const REQUEST_PATH: Readonly<Record<string, ReadonlyArray<string>>> = {
   "packages/dispatch/src/HttpTransport.ts": [],
   "packages/dispatch/src/Finalizers.ts": [],
   "packages/quota/src/Quota.ts": [],
+  "packages/billing/src/internal/LedgerWriter.ts": [], // behind the requests: every ledger flush
 }
 
 /**

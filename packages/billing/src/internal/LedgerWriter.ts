@@ -67,23 +67,26 @@ export interface WriteOutcome {
  */
 export const write = (
   batch: ReadonlyArray<Ledger.UsageEntry>,
-): Effect.Effect<WriteOutcome, never, SqlClient.SqlClient> =>
-  Effect.gen(function* () {
-    const batched = yield* Effect.exit(Ledger.writeBatch(batch))
-    if (Exit.isSuccess(batched)) return { written: batch, failed: [], cause: undefined }
-    const written: Array<Ledger.UsageEntry> = []
-    const failed: Array<Ledger.UsageEntry> = []
-    let cause: unknown
-    for (const entry of batch) {
-      const one = yield* Effect.exit(Ledger.writeOne(entry))
-      if (Exit.isSuccess(one)) written.push(entry)
-      else {
-        failed.push(entry)
-        cause = Cause.squash(one.cause)
-      }
+): Effect.Effect<WriteOutcome, never, SqlClient.SqlClient> => Effect.gen(() => writeBody(batch))
+
+// Declared once: a generator function made per call (`Effect.gen(function* () { … })` inside
+// `write`) made V8 build a new prototype at every flush (docs/ARCHITECTURE.md).
+function* writeBody(batch: ReadonlyArray<Ledger.UsageEntry>) {
+  const batched = yield* Effect.exit(Ledger.writeBatch(batch))
+  if (Exit.isSuccess(batched)) return { written: batch, failed: [], cause: undefined }
+  const written: Array<Ledger.UsageEntry> = []
+  const failed: Array<Ledger.UsageEntry> = []
+  let cause: unknown
+  for (const entry of batch) {
+    const one = yield* Effect.exit(Ledger.writeOne(entry))
+    if (Exit.isSuccess(one)) written.push(entry)
+    else {
+      failed.push(entry)
+      cause = Cause.squash(one.cause)
     }
-    return { written, failed, cause }
-  })
+  }
+  return { written, failed, cause }
+}
 
 /** The `reason` of the `BillingUnavailable` a book fails with when some charges were not written. */
 export const failedReason = (outcome: WriteOutcome) =>
