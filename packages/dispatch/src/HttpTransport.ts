@@ -357,8 +357,8 @@ export const make = (options: HttpNodeOptions): SwarmNode => {
   const path = `${endpoint.pathname}${endpoint.search}`
   const connectTimeoutMillis = options.connectTimeoutMillis ?? 10_000
   const authorization = options.apiKey === undefined ? undefined : `Bearer ${options.apiKey}`
-  // Each request's headers as one literal: a spread of shared headers (`{ ...headers, id }`) is
-  // copied by V8 in a way that outlives young collections (docs/ARCHITECTURE.md, "Object spread").
+  // Each request's headers as one literal: V8 gives each copy made by `{ ...headers, id }` a hidden
+  // class of its own, ~0.8 µs and a promotion (docs/ARCHITECTURE.md, "Object spread").
   const headersFor = (requestId: string): Record<string, string> =>
     authorization === undefined
       ? { "content-type": "application/json", accept: "text/event-stream", "x-request-id": requestId }

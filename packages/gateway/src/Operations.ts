@@ -276,8 +276,8 @@ export const respondHooks = (
     return undefined
   }
   const ctx = contextOf(res)
-  // One literal with every hook: spreading these into another object per request outlived young
-  // collections (docs/ARCHITECTURE.md, "Object spread").
+  // One literal with every hook: `{ ...hooks, onRevocation }` per request gave each copy a hidden
+  // class of its own (docs/ARCHITECTURE.md, "Object spread").
   if (ctx === undefined) return { onRun: commit, onRevocation }
   const record = ctx.record
   const drainer = ctx.ops.drainer
