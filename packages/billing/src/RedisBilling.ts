@@ -24,7 +24,7 @@
  *   has nothing yet, so instances starting together agree on the first seed.
  */
 import { SqlClient, type SqlError } from "@effect/sql"
-import { Observed } from "@swarmgate/protocol"
+import { IdTable, Observed } from "@swarmgate/protocol"
 import { Database, Redis as R } from "@swarmgate/store"
 import { Clock, type ConfigError, Effect, Exit, Layer, type Redacted, Scope } from "effect"
 import type { Redis } from "ioredis"
@@ -197,7 +197,7 @@ export const make = (
         })
 
     // The holds this instance placed and has not resolved: it renews their leases and settles them.
-    const local = new Map<string, Hold>()
+    const local = new IdTable<Hold>()
     // When this instance last re-read an account's credits after a refusal.
     const checkedAt = new Map<string, number>()
     let settledSinceWrite = 0
@@ -771,7 +771,7 @@ export const make = (
     const renew = Effect.gen(function* () {
       if (local.size === 0) return
       const until = (yield* Clock.currentTimeMillis) + leaseMillis
-      for (const batch of chunks([...local.keys()], RENEW_BATCH)) {
+      for (const batch of chunks(local.keys(), RENEW_BATCH)) {
         const gone = (yield* run(
           Scripts.renew,
           [K.holds, K.holdIndex],
@@ -884,7 +884,7 @@ export const make = (
     yield* Effect.addFinalizer(() =>
       Effect.gen(function* () {
         for (let waited = 0; local.size > 0 && waited < shutdownWaitMillis; waited += 20) yield* sleepReal(20)
-        for (const id of [...local.keys()]) yield* voidHold(id)
+        for (const id of local.keys()) yield* voidHold(id)
         yield* settleLate(Date.now() + SHUTDOWN_LATE_MILLIS)
         // A round of the loop may be sending one still (a send ends within two command timeouts).
         for (let waited = 0; sending.size > 0 && waited < 2 * commandTimeoutMillis + 500; waited += 20)

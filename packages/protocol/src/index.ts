@@ -1,6 +1,7 @@
 export * from "./Encode"
 export * from "./Errors"
 export * from "./Exits"
+export * from "./IdTable"
 export * from "./LinkedSet"
 export * as Observed from "./Observed"
 export * from "./RequestDecoding"

@@ -1,3 +1,4 @@
+import { IdTable } from "@swarmgate/protocol"
 import { costMicros, type Price } from "../Prices"
 
 /**
@@ -135,7 +136,8 @@ export const startOfUtcMonth = (now: number): number => {
 export class Book {
   readonly accounts = new Map<string, AccountBook>()
   readonly keys = new Map<string, KeyBook>()
-  readonly holds = new Map<string, Hold>()
+  /** Open holds by request id: one added and one removed per request (protocol/IdTable.ts says why not a Map). */
+  readonly holds = new IdTable<Hold>()
 
   addAccount(id: string, balance: number, spentMonth: number, now: number): void {
     if (this.accounts.has(id)) return

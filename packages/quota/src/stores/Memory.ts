@@ -2,6 +2,7 @@
  * The in-process store: exact for one instance, time from `Clock` (so
  * `TestClock` drives it), waiters woken the moment a slot frees.
  */
+import { IdTable } from "@swarmgate/protocol"
 import { Clock, Deferred, Effect, FiberId, Option } from "effect"
 import {
   charge,
@@ -42,8 +43,8 @@ interface SubjectState {
   /** Admitted, not yet committed: what the quotas hold back. */
   pending: number
   readonly counts: Map<string, { readonly index: number; readonly count: number; readonly end: number }>
-  /** Permit → when it got its slot (µs). */
-  readonly slots: Map<string, number>
+  /** Permit → when it got its slot (µs): one added and one removed per request (protocol/IdTable.ts). */
+  readonly slots: IdTable<number>
   readonly queue: Array<Waiter>
   ewma: number | undefined
 }
@@ -63,7 +64,7 @@ export const make = (): Effect.Effect<Store> =>
           resources: new Map(),
           pending: 0,
           counts: new Map(),
-          slots: new Map(),
+          slots: new IdTable(),
           queue: [],
           ewma: undefined,
         }
