@@ -37,6 +37,7 @@ describe("IdTable", () => {
           expect(table.has(probe)).toBe(model.has(probe))
         }
         expect([...table.values()].sort()).toEqual([...model.values()].sort())
+        expect(new Set(table.keys())).toEqual(new Set(model.keys()))
       }),
     )
   })
